@@ -1,0 +1,79 @@
+"""`kamado serve | pull | models | bench | chat`: one entry point, one module per command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kamado.config import DEFAULT_MODEL
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="start the OpenAI-compatible server")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="named model, .gguf file or HF dir")
+    p.add_argument("--listen", default="127.0.0.1:8091", help="HOST:PORT to listen on")
+    p.add_argument("--served-model-name", default=None, help="model id reported to clients")
+    p.add_argument("--chat-template", default=None, help="jinja file overriding the model's")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache budget in GiB")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-queued", type=int, default=256, help="requests waiting before 503")
+    p.add_argument(
+        "--no-bare-json-tool-calls",
+        action="store_true",
+        help="do not turn a reply that is only a JSON tool call into tool_calls",
+    )
+
+
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="talk to a running server from the terminal")
+    p.add_argument("--url", default="http://127.0.0.1:8091/v1")
+    p.add_argument("--model", default=None, help="model id (default: the server's first)")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--max-tokens", type=int, default=1024)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="offline throughput and fairness benchmarks")
+    p.add_argument("--model", action="append", help="model(s) to benchmark (repeatable)")
+    p.add_argument("--fairness", action="store_true", help="decode gaps beside a long prefill")
+    p.add_argument("--prompt-len", type=int, default=None)
+    p.add_argument("--gen-len", type=int, default=None)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--no-peer", action="store_true", help="skip transformers side by side")
+    p.add_argument("--out", default=None, help="write raw results JSON here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kamado", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    p = sub.add_parser("pull", help="download and verify a named model")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    sub.add_parser("models", help="list named and cached models")
+    _add_bench(sub)
+    _add_chat(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Imports are per command so `kamado pull` never loads torch or the server stack.
+    if args.command == "serve":
+        from kamado.server.commands import cmd_serve as run
+    elif args.command == "pull":
+        from kamado.models.commands import cmd_pull as run
+    elif args.command == "models":
+        from kamado.models.commands import cmd_models as run
+    elif args.command == "bench":
+        from kamado.bench.commands import cmd_bench as run
+    else:
+        from kamado.server.chat_client import cmd_chat as run
+    return run(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

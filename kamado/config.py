@@ -1,0 +1,75 @@
+"""Configuration dataclasses: what the model is, and how the engine runs it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and options of a decoder-only transformer; architecture differences live here."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # HF-style rope scaling dict (e.g. {"rope_type": "llama3", "factor": 8.0, ...}) or None.
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 32768
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {self.architecture!r}; "
+                f"kamado supports: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+
+def kamado_home() -> Path:
+    """Where pulled models and converted tokenizers live ($KAMADO_HOME, else the user cache)."""
+    if env := os.environ.get("KAMADO_HOME"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kamado"
+
+
+@dataclass
+class EngineConfig:
+    """How the engine core runs a model."""
+
+    model: str = DEFAULT_MODEL
+    device: str = "cpu"
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    block_size: int = 16
+    # KV cache memory budget in bytes; None sizes it from device memory.
+    kv_cache_bytes: int | None = None
+    # Upper bound on tokens per forward pass (prefill chunks + decodes).
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    # Longest prompt + output a sequence may reach; None = the model's own limit.
+    max_model_len: int | None = None
+    # A step carrying a prefill chunk beside running decodes may take at most this many
+    # times a decode-only step, so decoding streams are never frozen by a long prompt.
+    decode_stall_factor: float = 1.25
+    attention_backend: str = "torch"
+    seed: int = 0
+    extra: dict = field(default_factory=dict)

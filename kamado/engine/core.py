@@ -1,0 +1,204 @@
+"""The engine core: requests in, token deltas out, one synchronous step at a time.
+
+It knows nothing of HTTP or text: prompts arrive as token ids and stop strings are the
+caller's business (it aborts a request once its text matched one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from kamado.config import EngineConfig, ModelConfig
+from kamado.engine.model_loading import load_for_engine
+from kamado.engine.model_runner import ModelRunner
+from kamado.engine.outputs import TokenDelta, TokenLogprob
+from kamado.engine.pacer import PrefillPacer
+from kamado.engine.sampling_params import SamplingParams
+from kamado.engine.scheduler import Scheduler
+from kamado.engine.sequence import Sequence, Status
+from kamado.kv.block_pool import BlockPool
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve as given; the message says what to change."""
+
+
+@dataclass
+class EngineStats:
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_preemptions: int = 0
+    steps: int = 0
+    last_step_seconds: float = 0.0
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        loaded = load_for_engine(config)
+        self.model_config: ModelConfig = loaded.model_config
+        self.dtype = loaded.dtype
+        self.num_blocks = loaded.num_blocks
+        self.max_model_len = loaded.max_model_len
+        self.runner = ModelRunner(
+            config, self.model_config, loaded.weights, self.dtype, self.num_blocks
+        )
+        del loaded
+        self.pool = BlockPool(self.num_blocks)
+        self.pacer = PrefillPacer(config.decode_stall_factor, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.pool,
+            config.block_size,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.pacer,
+        )
+        self.eos_token_ids = set(self.model_config.eos_token_ids)
+        self._requests: dict[str, list[Sequence]] = {}
+        self._arrivals = 0
+        self.stats = EngineStats(kv_blocks_total=self.num_blocks)
+
+    # ---- requests -------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already running")
+        self._check_prompt(prompt_token_ids)
+        seqs = []
+        for index in range(params.n):
+            self._arrivals += 1
+            seqs.append(Sequence(request_id, index, list(prompt_token_ids), params, self._arrivals))
+        # Choice 0 prefills the prompt once; the others fork from it (sharing its KV).
+        seqs[0].pending_forks = seqs[1:]
+        self._requests[request_id] = seqs
+        self.scheduler.add(seqs[0])
+
+    def _check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(prompt)} tokens; this model's context is "
+                f"{self.max_model_len} tokens, prompt and output together"
+            )
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        """Stop a request (or one of its choices, e.g. when its text hit a stop string)."""
+        seqs = self._requests.get(request_id, [])
+        for seq in seqs:
+            if (index is None or seq.index == index) and seq.status is not Status.FINISHED:
+                self.scheduler.finish(seq, "abort")
+                if seq.index == 0:
+                    # Siblings still waiting to fork from choice 0 start on their own.
+                    for child in seq.pending_forks:
+                        self.scheduler.add(child)
+                    seq.pending_forks = []
+        if all(s.status is Status.FINISHED for s in seqs):
+            self._requests.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step ---------------------------------------------------------------------
+
+    def step(self) -> list[TokenDelta]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        started = time.perf_counter()
+        sampled = self.runner.execute(batch)
+        seconds = time.perf_counter() - started
+        num_decodes = sum(1 for item in batch if item.num_new == 1 and item.samples)
+        num_prefill = sum(item.num_new for item in batch) - num_decodes
+        self.pacer.observe(num_decodes, num_prefill, seconds)
+        for item in batch:
+            item.seq.num_computed += item.num_new
+            if item.samples and item.seq.pending_forks:
+                for child in item.seq.pending_forks:
+                    self._fork(item.seq, child)
+                item.seq.pending_forks = []
+        deltas = [self._append(seq, token, logprob) for seq, token, logprob in sampled]
+        self._update_stats(num_prefill, len(sampled), seconds)
+        return deltas
+
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> TokenDelta:
+        seq.token_ids.append(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        reason = self._finish_reason(seq, token)
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            if all(s.status is Status.FINISHED for s in self._requests[seq.request_id]):
+                del self._requests[seq.request_id]
+        return TokenDelta(
+            request_id=seq.request_id,
+            index=seq.index,
+            new_token_ids=[token],
+            logprobs=[logprob] if logprob is not None else None,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+        )
+
+    def _fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start a sibling on the prompt KV its parent just computed: share full blocks,
+        copy the partly filled last one (it is about to diverge)."""
+        n_full = parent.num_prompt_tokens // self.config.block_size
+        partial = parent.num_prompt_tokens % self.config.block_size
+        child.status = Status.RUNNING
+        self.scheduler.running.append(child)
+        if partial and self.pool.num_free == 0:
+            # No block to copy into: the sibling recomputes its prompt later instead.
+            self.scheduler.preempt(child)
+            return
+        for block in parent.block_table[:n_full]:
+            self.pool.share(block)
+        child.block_table = parent.block_table[:n_full]
+        if partial:
+            copy = self.pool.allocate(after=child.block_table[-1] if n_full else None)
+            self.runner.cache.copy_block(parent.block_table[n_full], copy)
+            child.block_table.append(copy)
+        child.num_computed = parent.num_prompt_tokens
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if not p.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if token in p.stop_token_ids:
+            return "stop"
+        if p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _update_stats(self, num_prefill: int, num_generated: int, seconds: float) -> None:
+        s = self.stats
+        s.num_waiting = len(self.scheduler.waiting)
+        s.num_running = len(self.scheduler.running)
+        s.kv_blocks_used = self.pool.num_used
+        s.prompt_tokens_total += num_prefill
+        s.generation_tokens_total += num_generated
+        s.num_preemptions = self.scheduler.num_preemptions
+        s.steps += 1
+        s.last_step_seconds = seconds
+
+    def snapshot(self) -> EngineStats:
+        """Stats as of now (also between steps, e.g. after aborts)."""
+        s = self.stats
+        s.num_waiting = len(self.scheduler.waiting)
+        s.num_running = len(self.scheduler.running)
+        s.kv_blocks_used = self.pool.num_used
+        return EngineStats(**vars(s))

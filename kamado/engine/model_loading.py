@@ -1,0 +1,53 @@
+"""From an EngineConfig to what the engine needs: model config, weights and KV sizing."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from kamado.config import EngineConfig, ModelConfig
+from kamado.kv.cache import bytes_per_block
+from kamado.models import load_model_config, load_weights, resolve_model
+
+CPU_KV_FRACTION = 0.25  # of available RAM, on CPU, when no budget is given
+CPU_KV_CAP = 4 << 30
+
+
+@dataclass
+class LoadedForEngine:
+    model_config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    dtype: torch.dtype
+    num_blocks: int
+    max_model_len: int
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_for_engine(config: EngineConfig) -> LoadedForEngine:
+    source = resolve_model(config.model)
+    model_config = load_model_config(source)
+    dtype = resolve_dtype(config.dtype, config.device)
+    weights = load_weights(source, model_config, dtype, config.device)
+    per_block = bytes_per_block(model_config, config.block_size, dtype)
+    budget = config.kv_cache_bytes or _default_kv_budget(config.device)
+    num_blocks = max(1, budget // per_block)
+    limit = model_config.max_position_embeddings
+    if config.max_model_len is not None:
+        limit = min(limit, config.max_model_len)
+    max_model_len = min(limit, num_blocks * config.block_size)
+    return LoadedForEngine(model_config, weights, dtype, num_blocks, max_model_len)
+
+
+def _default_kv_budget(device: str) -> int:
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free * 0.8)
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(CPU_KV_CAP, int(available * CPU_KV_FRACTION))

@@ -1,0 +1,76 @@
+"""Runs one scheduled step: builds the flat batch, runs the model, samples next tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from kamado.attention.backend import SeqChunk, make_backend
+from kamado.config import EngineConfig, ModelConfig
+from kamado.engine.outputs import TokenLogprob
+from kamado.engine.sampler import Sampler, SampleRow
+from kamado.engine.scheduler import ScheduledSeq
+from kamado.engine.sequence import Sequence
+from kamado.kv.cache import KVCache
+from kamado.models.rope import RotaryEmbedding
+from kamado.models.transformer import StepContext, Transformer
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        model_config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        num_blocks: int,
+    ) -> None:
+        self.device = torch.device(engine_config.device)
+        self.block_size = engine_config.block_size
+        with torch.device("meta"):
+            self.model = Transformer(model_config)
+        self.model.load_weights(weights)
+        self.model.eval()
+        self.cache = KVCache(model_config, num_blocks, self.block_size, dtype, self.device)
+        self.backend = make_backend(
+            engine_config.attention_backend, self.device, model_config.sliding_window
+        )
+        self.rope = RotaryEmbedding(model_config, self.device)
+        self.sampler = Sampler(engine_config.seed)
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq]) -> list[tuple[Sequence, int, TokenLogprob | None]]:
+        """Run one forward pass; return (sequence, next token, logprob) for each sampled row.
+
+        A sequence that finishes its prompt while siblings wait to fork from it samples
+        one row per sibling from the same logits.
+        """
+        input_ids: list[int] = []
+        positions: list[int] = []
+        chunks: list[SeqChunk] = []
+        rows: list[int] = []
+        sampled: list[Sequence] = []
+        for item in batch:
+            seq, start = item.seq, item.seq.num_computed
+            end = start + item.num_new
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            chunks.append(SeqChunk(item.num_new, end, seq.block_table))
+            if item.samples:
+                for target in (seq, *seq.pending_forks):
+                    rows.append(len(input_ids) - 1)
+                    sampled.append(target)
+        metadata = self.backend.build_metadata(chunks, self.block_size)
+        ctx = StepContext(self.rope, self.backend, self.cache, metadata)
+        hidden = self.model(
+            torch.tensor(input_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            ctx,
+        )
+        if not rows:
+            return []
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]).cpu()
+        sample_rows = [
+            SampleRow(s.params, s.token_ids, s.num_prompt_tokens, s.index) for s in sampled
+        ]
+        tokens, logprobs = self.sampler(logits, sample_rows)
+        return list(zip(sampled, tokens, logprobs, strict=True))

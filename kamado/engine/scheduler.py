@@ -1,0 +1,137 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each.
+
+Every step carries all running decodes first; prefill (chunked) fills what is left of
+the token budget, paced so decodes are never frozen. When KV blocks run out, the newest
+sequence is preempted: its blocks are freed and it is recomputed later from its tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kamado.engine.pacer import PrefillPacer
+from kamado.engine.sequence import Sequence, Status
+from kamado.kv.block_pool import BlockPool
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new: int  # tokens computed this step
+
+    @property
+    def samples(self) -> bool:
+        """The step reaches the sequence's last token, so a next token is sampled."""
+        return self.num_new == self.seq.num_uncomputed
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        pacer: PrefillPacer,
+    ) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.pacer = pacer
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        # Admission keeps a little headroom so a new prompt does not force a preemption.
+        self._watermark = max(1, pool.num_blocks // 100)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        batch: list[ScheduledSeq] = []
+        for seq in sorted(self._decoding(), key=lambda s: s.arrival):
+            if seq.status is Status.RUNNING and self._reserve_or_preempt(seq, batch):
+                batch.append(ScheduledSeq(seq, 1))
+        budget = min(self.max_num_batched_tokens - len(batch), self.pacer.prefill_limit(len(batch)))
+        for seq in self._prefilling():
+            if budget <= 0:
+                break
+            num_new = min(seq.num_uncomputed, budget)
+            if not self._reserve(seq, num_new):
+                break
+            batch.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            num_new = min(seq.num_uncomputed, budget)
+            if self.pool.num_free - self._blocks_needed(seq, num_new) < self._watermark:
+                break
+            self._reserve(seq, num_new)
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            batch.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        if not batch and len(self.running) > 1:
+            # Partly prefilled prompts hold every block and none can grow: make room.
+            self.preempt(max(self.running, key=lambda s: s.arrival))
+            return self.schedule()
+        return batch
+
+    def _decoding(self) -> list[Sequence]:
+        return [s for s in self.running if s.num_uncomputed == 1]
+
+    def _prefilling(self) -> list[Sequence]:
+        return [s for s in self.running if s.num_uncomputed > 1]
+
+    def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
+        total = -(-(seq.num_computed + num_new) // self.block_size)
+        return max(0, total - len(seq.block_table))
+
+    def _reserve(self, seq: Sequence, num_new: int) -> bool:
+        needed = self._blocks_needed(seq, num_new)
+        if needed > self.pool.num_free:
+            return False
+        for _ in range(needed):
+            last = seq.block_table[-1] if seq.block_table else None
+            seq.block_table.append(self.pool.allocate(after=last))
+        return True
+
+    def _reserve_or_preempt(self, seq: Sequence, batch: list[ScheduledSeq]) -> bool:
+        """Find a block for one more token of `seq`, preempting newer sequences if needed."""
+        scheduled = {id(item.seq) for item in batch}
+        while not self._reserve(seq, 1):
+            victims = [s for s in self.running if s is not seq and id(s) not in scheduled]
+            if not victims:
+                self.preempt(seq)
+                return False
+            self.preempt(max(victims, key=lambda s: s.arrival))
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Drop the sequence's KV; it is recomputed from its tokens when it runs again."""
+        self.free(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def free(self, seq: Sequence) -> None:
+        for block in seq.block_table:
+            self.pool.release(block)
+        seq.block_table = []
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+        self.free(seq)

@@ -1,0 +1,37 @@
+"""The paged KV cache: per layer, one K and one V tensor of [num_slots, kv_heads, head_dim].
+
+A slot is one token position; block b owns slots [b * block_size, (b + 1) * block_size).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kamado.config import ModelConfig
+
+
+def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+class KVCache:
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's K/V in every layer (copy-on-write when sequences fork)."""
+        bs = self.block_size
+        for cache in (*self.k, *self.v):
+            cache[dst * bs : (dst + 1) * bs] = cache[src * bs : (src + 1) * bs]
