@@ -1,0 +1,300 @@
+"""POST /v1/chat/completions: messages -> prompt -> engine -> text and tool calls, streamed or not.
+
+tool_choice:
+- "none": tools are neither rendered nor parsed.
+- "auto" (also when tools come without tool_choice, CLIENTS.md 1): tools rendered; tagged
+  calls parsed, and bare-JSON replies unless --no-bare-json-tool-calls.
+- "required" / a named function: without grammar-constrained decoding this is steering, not
+  a guarantee. When the template writes calls as <tool_call> tags, the assistant turn is
+  started with `<tool_call>\\n{"name": "` (required) or with the named call up to its
+  arguments; the reply is parsed as usual. If no valid call comes back, the text is returned
+  with finish_reason "stop" -- never a made-up call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
+
+from kamado.engine.outputs import TokenLogprob
+from kamado.engine.sampling_params import SamplingParams
+from kamado.server.decoding import decode_body
+from kamado.server.errors import APIError
+from kamado.server.generation import Generation
+from kamado.server.protocol import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    NamedToolChoice,
+    ResponseFunctionCall,
+    ResponseMessage,
+    ResponseToolCall,
+    TopLogprob,
+    Usage,
+    new_id,
+    now,
+)
+from kamado.server.request_params import fit_max_tokens, sampling_params
+from kamado.server.state import Lease, ServerState
+from kamado.server.streaming import DONE, ClientGone, sse, sse_error, unless_disconnected
+from kamado.server.tool_calls import CallEvent, TextEvent, ToolCallParser, declared_tools
+
+
+@dataclass
+class ToolPlan:
+    tools: dict[str, Any]  # name -> parameters schema, of tools the reply may call
+    bare_json: bool
+    prefill: str = ""
+
+
+@dataclass
+class PreparedChat:
+    req: ChatCompletionRequest
+    prompt_token_ids: list[int]
+    tool_plan: ToolPlan | None
+    params: SamplingParams
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _tool_plan(req: ChatCompletionRequest, state: ServerState) -> ToolPlan | None:
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none", "auto"):
+            raise APIError(
+                "tool_choice requires tools: send the functions in `tools`.", param="tool_choice"
+            )
+        return None
+    if choice == "none":
+        return None
+    tags = state.template.uses_tool_call_tags
+    tools = declared_tools(req.tools)
+    if isinstance(choice, NamedToolChoice):
+        name = choice.function.name
+        if name not in tools:
+            raise APIError(
+                f"tool_choice names function {name!r}, which is not among the declared tools "
+                f"({', '.join(tools)}).",
+                param="tool_choice",
+            )
+        prefill = f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": ' if tags else ""
+        return ToolPlan(declared_tools(req.tools, only=name), True, prefill)
+    if choice == "required":
+        return ToolPlan(tools, True, '<tool_call>\n{"name": "' if tags else "")
+    return ToolPlan(tools, state.options.bare_json_tool_calls)
+
+
+async def prepare(state: ServerState, raw: bytes) -> PreparedChat:
+    """Everything that can be wrong with a request is found here, before any header is sent."""
+    req = decode_body(raw, ChatCompletionRequest)
+    state.check_model(req.model)
+    if not req.messages:
+        raise APIError("messages must contain at least one message.", param="messages")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError("top_logprobs requires logprobs: true.", param="top_logprobs")
+    fmt = (req.response_format or {}).get("type", "text")
+    if fmt != "text":
+        raise APIError(
+            f"response_format {fmt!r} is not supported yet (no constrained decoding); "
+            "ask for JSON in the prompt instead.",
+            param="response_format",
+        )
+    plan = _tool_plan(req, state)
+    tools = req.tools if req.tools and req.tool_choice != "none" else None
+    text = state.template.render(req.messages, tools, plan.prefill if plan else "")
+    prompt = await asyncio.to_thread(state.template.tokenize, text)
+    requested = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
+    budget = fit_max_tokens(len(prompt), state.max_model_len, requested, default=None)
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(req, budget.max_tokens, top, state.stop_token_ids)
+    headers = {}
+    if budget.clamped_from is not None:
+        headers["x-kamado-max-tokens-clamped"] = str(budget.max_tokens)
+    return PreparedChat(req, prompt, plan, params, headers)
+
+
+class ChoiceBuilder:
+    """One choice of a reply: tool-call parsing and logprob formatting as text arrives."""
+
+    def __init__(self, index: int, plan: ToolPlan | None, state: ServerState) -> None:
+        self.index = index
+        self.state = state
+        self.parser = ToolCallParser(plan.tools, plan.bare_json, plan.prefill) if plan else None
+        self.content: list[str] = []
+        self.calls: list[ResponseToolCall] = []
+        self.logprobs: list[ChatTokenLogprob] = []
+        self.finish_reason: str | None = None
+
+    def events(self, text: str, final: bool) -> list[TextEvent | CallEvent]:
+        if self.parser is None:
+            return [TextEvent(text)] if text else []
+        events = self.parser.feed(text) if text else []
+        if final:
+            events += self.parser.finish()
+        return events
+
+    def call(self, ev: CallEvent) -> ResponseToolCall:
+        call = ResponseToolCall(
+            id=f"call_{uuid.uuid4().hex[:24]}",
+            function=ResponseFunctionCall(name=ev.name, arguments=ev.arguments),
+        )
+        self.calls.append(call)
+        if ev.bare:
+            self.state.metrics.bare_json_tool_calls.inc()
+        return call
+
+    def format_logprobs(self, lps: list[TokenLogprob] | None) -> list[ChatTokenLogprob]:
+        out = []
+        for lp in lps or []:
+            tok, raw = self.state.token_text.get(lp.token_id)
+            top = []
+            for tid, val in lp.top:
+                t, b = self.state.token_text.get(tid)
+                top.append(TopLogprob(token=t, logprob=val, bytes=b))
+            out.append(ChatTokenLogprob(token=tok, logprob=lp.logprob, bytes=raw, top_logprobs=top))
+        return out
+
+    def final_reason(self, engine_reason: str) -> str:
+        return "tool_calls" if self.calls else engine_reason
+
+
+def _usage(gen: Generation) -> Usage:
+    return Usage.of(gen.num_prompt_tokens, gen.num_completion_tokens, gen.num_cached_tokens)
+
+
+async def _collect(state: ServerState, prep: PreparedChat, gen: Generation) -> ChatCompletion:
+    n = gen.params.n
+    builders = [ChoiceBuilder(i, prep.tool_plan, state) for i in range(n)]
+    async with aclosing(gen.updates()) as updates:
+        async for up in updates:
+            b = builders[up.index]
+            if gen.params.logprobs is not None:
+                b.logprobs += b.format_logprobs(up.logprobs)
+            for ev in b.events(up.text, up.finish_reason is not None):
+                if isinstance(ev, TextEvent):
+                    b.content.append(ev.text)
+                else:
+                    b.call(ev)
+            if up.finish_reason is not None:
+                b.finish_reason = b.final_reason(up.finish_reason)
+    choices = []
+    for b in builders:
+        content: str | None = "".join(b.content)
+        if b.calls and not content.strip():
+            content = None
+        choices.append(
+            ChatChoice(
+                index=b.index,
+                message=ResponseMessage(content=content, tool_calls=b.calls or None),
+                logprobs=ChatLogprobs(content=b.logprobs)
+                if gen.params.logprobs is not None
+                else None,
+                finish_reason=b.finish_reason,
+            )
+        )
+    return ChatCompletion(
+        id=gen.request_id, created=now(), model=state.model_name, choices=choices, usage=_usage(gen)
+    )
+
+
+async def _stream(
+    state: ServerState, prep: PreparedChat, gen: Generation, lease: Lease
+) -> AsyncIterator[str]:
+    created = now()
+    n = gen.params.n
+    want_lp = gen.params.logprobs is not None
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lps: Any = None) -> str:
+        choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish}
+        choice["logprobs"] = {"content": [lp.model_dump() for lp in lps]} if lps else None
+        return sse(
+            {
+                "id": gen.request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": state.model_name,
+                "choices": [choice],
+            }
+        )
+
+    try:
+        builders = [ChoiceBuilder(i, prep.tool_plan, state) for i in range(n)]
+        for i in range(n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        pending_lps: list[list[ChatTokenLogprob]] = [[] for _ in range(n)]
+        async with aclosing(gen.updates()) as updates:
+            async for up in updates:
+                b = builders[up.index]
+                if want_lp:
+                    pending_lps[up.index] += b.format_logprobs(up.logprobs)
+                for ev in b.events(up.text, up.finish_reason is not None):
+                    if isinstance(ev, TextEvent):
+                        yield chunk(up.index, {"content": ev.text}, lps=pending_lps[up.index])
+                        pending_lps[up.index] = []
+                        continue
+                    call = b.call(ev)
+                    k = len(b.calls) - 1
+                    head = {"index": k, "id": call.id, "type": "function"}
+                    head["function"] = {"name": call.function.name, "arguments": ""}
+                    yield chunk(up.index, {"tool_calls": [head]})
+                    args = {"index": k, "function": {"arguments": call.function.arguments}}
+                    yield chunk(up.index, {"tool_calls": [args]})
+                if up.finish_reason is not None:
+                    reason = b.final_reason(up.finish_reason)
+                    yield chunk(up.index, {}, reason, lps=pending_lps[up.index])
+                    pending_lps[up.index] = []
+        if prep.req.include_usage:
+            yield sse(
+                {
+                    "id": gen.request_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": state.model_name,
+                    "choices": [],
+                    "usage": _usage(gen).model_dump(),
+                }
+            )
+        yield DONE
+    except Exception as e:  # headers are gone: say what broke, then end the stream properly
+        yield sse_error(f"Generation failed: {e}", code="generation_failed")
+        yield DONE
+    finally:
+        lease.release()
+
+
+async def create_chat_completion(state: ServerState, request: Request) -> Any:
+    prep = await prepare(state, await request.body())
+    state.check_alive()
+    lease = state.acquire()  # 503 + Retry-After when full
+    gen = Generation(state, new_id("chatcmpl"), prep.prompt_token_ids, prep.params, "chat")
+    if prep.req.stream:
+        return StreamingResponse(
+            _stream(state, prep, gen, lease),
+            media_type="text/event-stream",
+            # Also released here: a stream cancelled before it started never runs its finally.
+            background=BackgroundTask(lease.release),
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prep.headers},
+        )
+    try:
+        result = await unless_disconnected(request, _collect(state, prep, gen))
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
+    except Exception as e:
+        raise APIError(
+            f"Generation failed: {e}", status=503, type="server_error", code="generation_failed"
+        ) from None
+    finally:
+        lease.release()
+    return JSONResponse(result.model_dump(), headers=prep.headers)

@@ -1,0 +1,140 @@
+"""`kamado serve`: resolve (and pull) the model, start the engine core process, serve HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from kamado.config import EngineConfig
+
+log = logging.getLogger("kamado.server")
+
+GIB = 1 << 30
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"kamado serve: --listen must be HOST:PORT, got {listen!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise SystemExit(f"kamado serve: {name} must be a number, got {value!r}") from None
+
+
+def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
+    return EngineConfig(
+        model=model_path,
+        device=os.environ.get("KAMADO_DEVICE") or _default_device(),
+        dtype=args.dtype,
+        kv_cache_bytes=int(args.kv_cache_gb * GIB) if args.kv_cache_gb else None,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+    )
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str], source) -> int:
+    import uvicorn
+
+    from kamado.engine.async_engine import AsyncEngine, EngineStartError
+    from kamado.models.tokenizer import load_tokenizer
+    from kamado.server.app import build_app
+    from kamado.server.state import ServerOptions, ServerState
+
+    tokenizer = await asyncio.to_thread(load_tokenizer, source)
+    if tokenizer is None:
+        print("kamado serve: this model has no tokenizer (synthetic); it cannot be served.")
+        return 2
+    options = ServerOptions(
+        model_names=names,
+        max_num_seqs=args.max_num_seqs,
+        max_queued=args.max_queued,
+        bare_json_tool_calls=not args.no_bare_json_tool_calls,
+        stall_timeout_s=_env_float("KAMADO_HEALTH_STALL_SECONDS", 60.0),
+        chat_template_file=args.chat_template,
+    )
+    config = engine_config(args, str(source.path))
+    print(f"kamado: loading {source.name} on {config.device} ...", flush=True)
+    try:
+        engine = await AsyncEngine.start(config)
+    except EngineStartError as e:
+        print(f"kamado serve: the engine failed to start: {e}", file=sys.stderr)
+        return 1
+    try:
+        state = ServerState(engine, tokenizer, options)
+    except (OSError, ValueError) as e:
+        await engine.shutdown()
+        print(f"kamado serve: {e}", file=sys.stderr)
+        return 2
+    server = uvicorn.Server(
+        uvicorn.Config(
+            build_app(state),
+            host=host,
+            port=port,
+            log_level=os.environ.get("KAMADO_LOG_LEVEL", "warning").lower(),
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    server.config.load()
+    server.lifespan = server.config.lifespan_class(server.config)
+    # uvicorn re-raises a captured SIGTERM/SIGINT when this block exits, so the engine is
+    # shut down inside it.
+    with server.capture_signals():
+        try:
+            await server.startup()
+            if not server.started or server.should_exit:
+                print(f"kamado serve: could not listen on {host}:{port}", file=sys.stderr)
+                return 1
+            shown = f"[{host}]" if ":" in host else host
+            print(
+                f"kamado: serving {names[0]} ({source.path}) at http://{shown}:{port}/v1 "
+                f"(context {engine.max_model_len} tokens, {engine.info.num_blocks} KV blocks, "
+                f"{engine.info.dtype})",
+                flush=True,
+            )
+            await server.main_loop()
+            await server.shutdown()
+            return 0
+        finally:
+            await engine.shutdown()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kamado.models.errors import ModelLoadError
+    from kamado.models.source import resolve_model
+
+    host, port = parse_listen(args.listen)
+    logging.basicConfig(level=logging.INFO, format="kamado: %(message)s")
+    try:
+        source = resolve_model(args.model, allow_pull=True)  # pulls with a progress bar
+    except ModelLoadError as e:
+        print(f"kamado serve: {e}", file=sys.stderr)
+        return 2
+    if source.path is None:
+        print("kamado serve: synthetic models have no tokenizer and cannot be served.")
+        return 2
+    # Clients may name the model by its served name, the --model they were told, or file name.
+    names = [args.served_model_name or source.name]
+    names += [n for n in (args.model, source.name, source.path.name) if n not in names]
+    try:
+        return asyncio.run(_serve(args, host, port, names, source))
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,124 @@
+"""One request's trip through the engine: detokenize each choice, apply stop strings, time it,
+and make sure the engine forgets it (KV freed) however the trip ends."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+
+from kamado.engine.detokenizer import TextStream
+from kamado.engine.outputs import TokenLogprob
+from kamado.engine.sampling_params import SamplingParams
+from kamado.server.state import ServerState
+
+
+class GenerationError(RuntimeError):
+    """The engine could not finish the request (it died, or aborted it on its own)."""
+
+
+@dataclass
+class ChoiceUpdate:
+    index: int
+    text: str  # newly final text of this choice
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None  # "stop" | "length" when the choice is done
+
+
+class Generation:
+    def __init__(
+        self,
+        state: ServerState,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        endpoint: str,
+    ) -> None:
+        self.state = state
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.endpoint = endpoint
+        self.arrival = time.monotonic()
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_cached_tokens = 0
+        self.completion_tokens = [0] * params.n
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(self.completion_tokens)
+
+    async def _abort(self) -> None:
+        # Shielded: this runs while the task is being cancelled (client went away).
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(Exception):
+                await self.state.engine.abort(self.request_id)
+
+    async def updates(self) -> AsyncIterator[ChoiceUpdate]:
+        n = self.params.n
+        metrics = self.state.metrics
+        tokenizer, prompt = self.state.tokenizer, self.prompt_token_ids
+        streams = [TextStream(tokenizer, self.params, prompt) for _ in range(n)]
+        done = [False] * n  # the choice is over for the client
+        engine_done = [False] * n  # the engine has released the choice
+        last_token_at: list[float | None] = [None] * n
+        first_token_seen = False
+        outcome = "error"
+        try:
+            async for delta in self.state.engine.generate(
+                self.request_id, self.prompt_token_ids, self.params
+            ):
+                i = delta.index
+                engine_done[i] = engine_done[i] or delta.finished
+                self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+                if done[i]:
+                    if all(engine_done):
+                        break
+                    continue  # stopped by a stop string; the engine has not heard yet
+                if delta.finish_reason == "abort":
+                    raise GenerationError("the engine aborted the request")
+                new = list(delta.new_token_ids)
+                now = time.monotonic()
+                if new:
+                    if not first_token_seen:
+                        first_token_seen = True
+                        metrics.ttft.observe(now - self.arrival)
+                    prev = last_token_at[i]
+                    if prev is not None:
+                        gap = (now - prev) / len(new)
+                        for _ in new:
+                            metrics.itl.observe(gap)
+                    last_token_at[i] = now
+                    self.completion_tokens[i] += len(new)
+                stream = streams[i]
+                text = stream.add(new) if new else ""
+                finish = delta.finish_reason
+                if stream.stopped:
+                    finish = "stop"
+                elif finish is not None:
+                    text += stream.flush()
+                if finish is not None:
+                    done[i] = True
+                yield ChoiceUpdate(i, text, new, delta.logprobs, finish)
+                if all(done):
+                    break
+                if stream.stopped and not engine_done[i]:
+                    # Free this choice's KV now; the engine sends no delta for an abort.
+                    await self.state.engine.abort(self.request_id, i)
+                    engine_done[i] = True
+            else:
+                if not all(done):
+                    raise GenerationError("the engine ended the request without finishing it")
+            outcome = "ok"
+        except (anyio.get_cancelled_exc_class(), GeneratorExit):
+            outcome = "cancelled"  # the client went away
+            raise
+        finally:
+            if not all(engine_done):
+                await self._abort()
+            metrics.e2e.observe(time.monotonic() - self.arrival)
+            metrics.requests.labels(self.endpoint, outcome).inc()

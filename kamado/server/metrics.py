@@ -1,0 +1,93 @@
+"""Prometheus metrics: engine state read at scrape time, latencies measured in the server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], Any], in_flight: Callable[[], int]) -> None:
+        self._stats = stats
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(
+            "kamado_requests_in_flight",
+            "Requests admitted by the server and not yet finished",
+            value=self._in_flight(),
+        )
+        try:
+            s = self._stats()
+        except Exception:
+            return
+        gauges = {
+            "kamado_num_requests_waiting": ("Sequences queued in the engine", s.num_waiting),
+            "kamado_num_requests_running": ("Sequences being decoded", s.num_running),
+            "kamado_kv_blocks_used": ("KV cache blocks in use", s.kv_blocks_used),
+            "kamado_kv_blocks_total": ("KV cache blocks in the pool", s.kv_blocks_total),
+            "kamado_kv_cache_usage_ratio": (
+                "Fraction of KV cache blocks in use",
+                s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0,
+            ),
+            "kamado_engine_alive": ("1 if the engine core process is alive", float(s.alive)),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(name, doc, value=value)
+        yield CounterMetricFamily(
+            "kamado_prompt_tokens", "Prompt tokens processed", value=s.prompt_tokens_total
+        )
+        yield CounterMetricFamily(
+            "kamado_generation_tokens", "Tokens generated", value=s.generation_tokens_total
+        )
+
+
+class Metrics:
+    def __init__(self, stats: Callable[[], Any], in_flight: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(stats, in_flight))
+        self.ttft = Histogram(
+            "kamado_time_to_first_token_seconds",
+            "Time from request arrival to its first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            "kamado_inter_token_latency_seconds",
+            "Time between successive tokens of a sequence",
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "kamado_request_duration_seconds",
+            "Time from request arrival to its last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "kamado_requests",
+            "Finished requests by endpoint and outcome",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.bare_json_tool_calls = Counter(
+            "kamado_bare_json_tool_calls",
+            "Replies that were only a JSON tool call (bare or fenced) returned as tool_calls",
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "kamado_requests_rejected",
+            "Requests refused before generation, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,278 @@
+"""Tool calls out of model text, incrementally, so streams can carry them as deltas.
+
+Two forms are recognised:
+- Qwen2.5/Qwen3 (Hermes) tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+  any number, anywhere in the reply; the name must be a declared tool.
+- bare JSON (CLIENTS.md point 10): a reply that is *only* `{"name", "arguments"}`, bare or in
+  a single ```json fence, naming a declared tool with arguments valid against its schema.
+  Small models write this instead of the tags; every peer server passed it on as text.
+
+Text that merely looks like a call is never lost: whatever does not parse is emitted as text.
+Output that might still become a call is held back until it is decided.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kamado.server.json_schema import schema_errors
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FENCE = "```"
+
+
+@dataclass
+class TextEvent:
+    text: str
+
+
+@dataclass
+class CallEvent:
+    name: str
+    arguments: str  # JSON text of an object
+    bare: bool  # came from bare/fenced JSON rather than tags
+
+
+Event = TextEvent | CallEvent
+
+
+def _json_object_end(s: str) -> int | None:
+    """Index just past the JSON object starting at s[0] == "{", or None while it is open."""
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(s):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _close_json(s: str) -> str | None:
+    """`s` with the brackets it leaves open closed, if it ends between values; else None.
+
+    Small models steered into a call often stop one `}` short: `{"name": "f", "arguments":
+    {"x": 1}` then end of text. Closing what is open is unambiguous there.
+    """
+    stack, in_str, esc = [], False, False
+    for ch in s:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]" and (not stack or stack.pop() != ch):
+            return None
+    if in_str or not stack:
+        return None
+    return s.rstrip() + "".join(reversed(stack))
+
+
+def _bare_still_possible(buf: str) -> bool:
+    """Could this (partial) reply still turn out to be only a JSON tool call?"""
+    s = buf.lstrip()
+    if s.startswith(FENCE):
+        header, nl, body = s[3:].partition("\n")
+        if not nl:
+            return "json".startswith(header.strip().lower())
+        if header.strip().lower() not in ("", "json"):
+            return False
+        inner = body.lstrip()
+        if inner and not inner.startswith("{"):
+            return False
+        closing = body.find(FENCE)
+        return closing < 0 or not body[closing + 3 :].strip()
+    if s.startswith("{"):
+        rest = s[1:].lstrip()
+        if rest and rest[0] != '"':
+            return False  # "{ return x; }" and friends: code, not JSON
+        end = _json_object_end(s)
+        return end is None or not s[end:].strip()
+    return bool(s) and FENCE.startswith(s)
+
+
+def _unfence(s: str) -> str | None:
+    s = s.strip()
+    if not s.startswith(FENCE):
+        return s
+    _, nl, body = s[3:].partition("\n")
+    if not nl:
+        return None
+    body = body.rstrip()
+    if body.endswith(FENCE):
+        body = body[:-3]
+    return body if FENCE not in body else None
+
+
+class ToolCallParser:
+    """Feed model text as it arrives; get text and whole tool calls back, in order."""
+
+    def __init__(
+        self,
+        tools: dict[str, dict[str, Any] | None],
+        bare_json: bool = True,
+        prefill: str = "",
+    ) -> None:
+        self.tools = tools  # name -> parameters schema
+        self.bare_json = bare_json
+        self.num_calls = 0
+        self.num_bare_calls = 0
+        self._mode = "start"  # start | text | tag | bare
+        self._buf = ""
+        # A prompt-side prefix the model continues (e.g. `<tool_call>\n{"name": "f", ...`).
+        self.prefill = prefill
+        held = self.feed(prefill) if prefill else []
+        assert not held, "prefill must leave the parser holding text"
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        return self._drain(final=True)
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _call(self, obj: Any, bare: bool, check_schema: bool | None = None) -> CallEvent | None:
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        name = obj["name"]
+        if name not in self.tools:
+            return None
+        key = "arguments" if "arguments" in obj else "parameters"
+        if bare and key not in obj:
+            return None
+        args = obj.get(key, {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        if (bare if check_schema is None else check_schema) and schema_errors(
+            args, self.tools[name]
+        ):
+            return None
+        return CallEvent(name, json.dumps(args, ensure_ascii=False), bare)
+
+    def _parse_tagged(self, body: str, at_end: bool) -> CallEvent | None:
+        try:
+            return self._call(json.loads(body), bare=False)
+        except json.JSONDecodeError:
+            pass
+        closed = _close_json(body) if at_end else None
+        if closed is None:
+            return None
+        try:
+            # A repaired call must also fit its tool's schema.
+            return self._call(json.loads(closed), bare=False, check_schema=True)
+        except json.JSONDecodeError:
+            return None
+
+    def _parse_bare(self, text: str) -> CallEvent | None:
+        body = _unfence(text)
+        if body is None:
+            return None
+        try:
+            return self._call(json.loads(body), bare=True)
+        except json.JSONDecodeError:
+            return None
+
+    def _emit(self, events: list[Event], ev: Event) -> None:
+        if isinstance(ev, CallEvent):
+            self.num_calls += 1
+            self.num_bare_calls += ev.bare
+        elif not ev.text:
+            return
+        events.append(ev)
+
+    def _drain(self, final: bool) -> list[Event]:
+        events: list[Event] = []
+        while True:
+            buf = self._buf
+            if self._mode == "start":
+                s = buf.lstrip()
+                if not s:
+                    if final:
+                        self._buf = ""
+                        self._emit(events, TextEvent(buf))
+                    return events
+                if s.startswith(OPEN):
+                    self._mode, self._buf = "tag", s[len(OPEN) :]
+                elif OPEN.startswith(s) and not final:
+                    return events  # maybe the start of a tag
+                elif self.bare_json and s[0] in "{`":
+                    self._mode = "bare"
+                else:
+                    self._mode = "text"
+            elif self._mode == "text":
+                idx = buf.find(OPEN)
+                if idx >= 0:
+                    out, self._buf, self._mode = buf[:idx], buf[idx + len(OPEN) :], "tag"
+                    if self.num_calls and not out.strip():
+                        out = ""  # whitespace between calls
+                    self._emit(events, TextEvent(out))
+                    continue
+                hold = 0
+                if not final:
+                    for k in range(min(len(OPEN) - 1, len(buf)), 0, -1):
+                        if OPEN.startswith(buf[-k:]):
+                            hold = k
+                            break
+                out = buf[: len(buf) - hold]
+                if self.num_calls and not out.strip():
+                    # Whitespace after a call: keep it until real text follows, drop at the end.
+                    self._buf = "" if final else buf
+                    return events
+                self._buf = buf[len(out) :]
+                self._emit(events, TextEvent(out))
+                return events
+            elif self._mode == "tag":
+                idx = buf.find(CLOSE)
+                if idx < 0 and not final:
+                    return events
+                body = buf if idx < 0 else buf[:idx]
+                raw = OPEN + body + ("" if idx < 0 else CLOSE)
+                self._buf = "" if idx < 0 else buf[idx + len(CLOSE) :]
+                self._mode = "text"
+                call = self._parse_tagged(body, at_end=idx < 0)
+                self._emit(events, call or TextEvent(raw))
+                if idx < 0:
+                    return events
+            else:  # bare
+                if final:
+                    self._buf = ""
+                    self._emit(events, self._parse_bare(buf) or TextEvent(buf))
+                    return events
+                if _bare_still_possible(buf):
+                    return events
+                self._mode = "text"
+
+
+def declared_tools(tools: list[Any] | None, only: str | None = None) -> dict[str, Any]:
+    """name -> parameters schema of the request's function tools (optionally just one)."""
+    out: dict[str, Any] = {}
+    for tool in tools or []:
+        fn = tool.function
+        if only is None or fn.name == only:
+            out[fn.name] = fn.parameters
+    return out

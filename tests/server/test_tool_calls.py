@@ -1,0 +1,153 @@
+"""Tool-call parsing: tagged and bare-JSON calls, streamed in any chunking, nothing lost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kamado.server.json_schema import schema_errors
+from kamado.server.tool_calls import CallEvent, TextEvent, ToolCallParser
+
+BASH = {
+    "type": "object",
+    "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+    "required": ["command"],
+}
+TOOLS = {"bash": BASH, "read": {"type": "object", "properties": {"path": {"type": "string"}}}}
+
+
+def run(text: str, chunk: int | None = None, bare: bool = True, prefill: str = ""):
+    parser = ToolCallParser(TOOLS, bare_json=bare, prefill=prefill)
+    events = []
+    pieces = [text] if chunk is None else [text[i : i + chunk] for i in range(0, len(text), chunk)]
+    for piece in pieces:
+        events += parser.feed(piece)
+    events += parser.finish()
+    content = "".join(e.text for e in events if isinstance(e, TextEvent))
+    calls = [(e.name, json.loads(e.arguments), e.bare) for e in events if isinstance(e, CallEvent)]
+    return content, calls
+
+
+CHUNKINGS = [None, 1, 2, 3, 7]
+
+
+@pytest.mark.parametrize("chunk", CHUNKINGS)
+def test_tagged_call_becomes_a_call(chunk):
+    text = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
+    assert run(text, chunk) == ("", [("bash", {"command": "ls -la"}, False)])
+
+
+@pytest.mark.parametrize("chunk", CHUNKINGS)
+def test_text_then_two_tagged_calls(chunk):
+    text = (
+        "Let me look.\n<tool_call>\n"
+        '{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}\n</tool_call>'
+    )
+    content, calls = run(text, chunk)
+    assert content == "Let me look.\n"
+    assert calls == [("read", {"path": "a.py"}, False), ("bash", {"command": "pwd"}, False)]
+
+
+@pytest.mark.parametrize("chunk", CHUNKINGS)
+def test_plain_text_passes_through_unchanged(chunk):
+    text = (
+        "Use `ls` to list files; a <tool> tag and {braces} stay text.\n```python\nx = {1: 2}\n```"
+    )
+    assert run(text, chunk) == (text, [])
+
+
+@pytest.mark.parametrize("chunk", CHUNKINGS)
+def test_bare_json_call_under_auto(chunk):
+    text = '{"name": "bash", "arguments": {"command": "cat x"}}'
+    assert run(text, chunk) == ("", [("bash", {"command": "cat x"}, True)])
+
+
+@pytest.mark.parametrize("chunk", CHUNKINGS)
+def test_fenced_json_call(chunk):
+    text = '```json\n{"name": "bash", "arguments": {"command": "make test"}}\n```\n'
+    assert run(text, chunk) == ("", [("bash", {"command": "make test"}, True)])
+
+
+def test_bare_json_switched_off_is_text():
+    text = '{"name": "bash", "arguments": {"command": "cat x"}}'
+    assert run(text, bare=False) == (text, [])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "rm_rf", "arguments": {"command": "x"}}',  # undeclared tool
+        '{"name": "bash", "arguments": {"timeout": 3}}',  # misses a required argument
+        '{"name": "bash", "arguments": {"command": 5}}',  # wrong type
+        '{"name": "bash"}',  # no arguments at all
+        '{"name": "bash", "arguments": {"command": "ls"}} and then some words',
+        'Here: {"name": "bash", "arguments": {"command": "ls"}}',
+        '```json\n{"name": "bash", "arguments": {"command": "ls"}}\n```\nThat runs ls.',
+        '```python\n{"name": "bash", "arguments": {"command": "ls"}}\n```',
+        '{"name": "bash", "arguments": {"command": "ls"',  # cut off
+        '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>',
+        "<tool_call>\nnot json at all\n</tool_call>",
+    ],
+)
+@pytest.mark.parametrize("chunk", [None, 1, 5])
+def test_what_is_not_a_valid_call_is_kept_as_text(text, chunk):
+    content, calls = run(text, chunk)
+    assert calls == []
+    assert content == text
+
+
+def test_unclosed_tag_at_end_still_parses():
+    text = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}'
+    assert run(text, 4) == ("", [("bash", {"command": "ls"}, False)])
+
+
+def test_text_is_released_before_the_reply_ends():
+    parser = ToolCallParser(TOOLS)
+    out = parser.feed("Hello there, I will now ")
+    assert "".join(e.text for e in out) == "Hello there, I will now "
+    assert parser.feed("<tool_") == []  # might be a tag: held
+
+
+def test_bare_json_decided_early_when_it_cannot_be_a_call():
+    parser = ToolCallParser(TOOLS)
+    assert parser.feed('{"a": 1}') == []  # could still be a lone object
+    out = parser.feed(" is a dict")
+    assert "".join(e.text for e in out) == '{"a": 1} is a dict'
+
+
+def test_named_prefill_is_continued():
+    prefill = '<tool_call>\n{"name": "bash", "arguments": '
+    content, calls = run('{"command": "ls"}}\n</tool_call>', 3, prefill=prefill)
+    assert (content, calls) == ("", [("bash", {"command": "ls"}, False)])
+
+
+def test_failed_prefill_returns_the_whole_text():
+    prefill = '<tool_call>\n{"name": "'
+    content, calls = run("I cannot do that.", 3, prefill=prefill)
+    assert calls == []
+    assert content == prefill + "I cannot do that."
+
+
+def test_schema_checker_basics():
+    assert schema_errors({"command": "x"}, BASH) == []
+    assert schema_errors({"command": "x", "timeout": 1.0}, BASH) == []
+    assert schema_errors({"command": "x", "timeout": True}, BASH)
+    strict = {**BASH, "additionalProperties": False}
+    assert schema_errors({"command": "x", "other": 1}, strict)
+    assert schema_errors("s", {"anyOf": [{"type": "integer"}, {"type": "string"}]}) == []
+    assert schema_errors(["a", 1], {"type": "array", "items": {"type": "string"}})
+    assert schema_errors("b", {"enum": ["a"]})
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_call_one_brace_short_at_the_end_is_repaired(chunk):
+    prefill = '<tool_call>\n{"name": "'
+    content, calls = run('bash", "arguments": {"command": "ls"}', chunk, prefill=prefill)
+    assert (content, calls) == ("", [("bash", {"command": "ls"}, False)])
+
+
+def test_repair_needs_a_schema_valid_call():
+    text = '<tool_call>\n{"name": "bash", "arguments": {"timeout": 1}'
+    assert run(text) == (text, [])
