@@ -125,8 +125,9 @@ class EngineCore:
         num_prefill = sum(item.num_new for item in batch) - num_decodes
         self.pacer.observe(num_decodes, num_prefill, seconds)
         for item in batch:
+            forks_now = item.samples and item.seq.pending_forks
             item.seq.num_computed += item.num_new
-            if item.samples and item.seq.pending_forks:
+            if forks_now:
                 for child in item.seq.pending_forks:
                     self._fork(item.seq, child)
                 item.seq.pending_forks = []

@@ -71,21 +71,9 @@ class Sampler:
         return logits
 
     def _pick(self, logits: torch.Tensor, row: SampleRow) -> int:
-        p = row.params
-        if p.greedy:
+        if row.params.greedy:
             return int(torch.argmax(logits))
-        logits = logits / p.temperature
-        if p.top_k > 0 and p.top_k < logits.shape[-1]:
-            kth = torch.topk(logits, p.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (always the top token).
-            drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= p.top_p
-            probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-        if p.min_p > 0.0:
-            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        probs = filtered_probs(logits, row.params)
         noise = torch.empty_like(probs).exponential_(generator=self._generator_for(row))
         return int(torch.argmax(probs / noise))
 
@@ -95,6 +83,23 @@ class Sampler:
         position = len(row.token_ids) - row.num_prompt_tokens
         key = hash((row.params.seed & _MASK64, row.index, position)) & _MASK64
         return torch.Generator().manual_seed(key)
+
+
+def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled token is drawn from: temperature, top-k, top-p, min-p."""
+    logits = logits / p.temperature
+    if 0 < p.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (always the top token).
+        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= p.top_p
+        probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
+    if p.min_p > 0.0:
+        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    return probs / probs.sum()
 
 
 def _logprob_entry(logprobs: torch.Tensor, token: int, k: int) -> TokenLogprob:

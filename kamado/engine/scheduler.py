@@ -69,7 +69,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             num_new = min(seq.num_uncomputed, budget)
-            if self.pool.num_free - self._blocks_needed(seq, num_new) < self._watermark:
+            headroom = self._watermark if self.running else 0
+            if self.pool.num_free - self._blocks_needed(seq, num_new) < headroom:
                 break
             self._reserve(seq, num_new)
             self.waiting.popleft()

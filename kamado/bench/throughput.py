@@ -1,0 +1,164 @@
+"""Offline prefill and decode throughput: kamado beside transformers `generate`."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kamado.config import EngineConfig
+from kamado.engine.core import EngineCore
+from kamado.engine.sampling_params import SamplingParams
+from kamado.models import resolve_model
+
+
+@dataclass
+class Throughput:
+    engine: str
+    model: str
+    batch: int
+    prompt_len: int
+    gen_len: int
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Stay clear of the special tokens at the top of the vocabulary.
+    return [[rng.randrange(100, min(vocab, 30000)) for _ in range(length)] for _ in range(batch)]
+
+
+def kamado_throughput(
+    engine: EngineCore, model: str, batch: int, prompt_len: int, gen_len: int
+) -> Throughput:
+    prompts = random_prompts(batch, prompt_len, engine.model_config.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
+    started = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"bench-{batch}-{i}", prompt, params)
+    have_first: set[str] = set()
+    prefilled_at = None
+    while engine.has_work():
+        for delta in engine.step():
+            have_first.add(delta.request_id)
+        if prefilled_at is None and len(have_first) == batch:
+            prefilled_at = time.perf_counter()
+    done = time.perf_counter()
+    assert prefilled_at is not None
+    return Throughput(
+        "kamado",
+        model,
+        batch,
+        prompt_len,
+        gen_len,
+        batch * prompt_len / (prefilled_at - started),
+        batch * (gen_len - 1) / (done - prefilled_at),
+    )
+
+
+def transformers_throughput(
+    reference: torch.nn.Module, model: str, batch: int, prompt_len: int, gen_len: int, vocab: int
+) -> Throughput:
+    ids = torch.tensor(random_prompts(batch, prompt_len, vocab))
+
+    def generate(n: int) -> float:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            reference.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return time.perf_counter() - started
+
+    prefill = generate(1)
+    full = generate(gen_len)
+    return Throughput(
+        "transformers",
+        model,
+        batch,
+        prompt_len,
+        gen_len,
+        batch * prompt_len / prefill,
+        batch * (gen_len - 1) / (full - prefill),
+    )
+
+
+def load_reference(model: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The same checkpoint through transformers, as a side-by-side peer."""
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_model(model)
+    if source.kind == "gguf":
+        assert source.path is not None
+        return AutoModelForCausalLM.from_pretrained(
+            source.path.parent, gguf_file=source.path.name, dtype=dtype
+        ).eval()
+    if source.kind == "hf":
+        return AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype).eval()
+    raise ValueError("transformers can only be compared on real checkpoints (gguf or hf)")
+
+
+def run_throughput(
+    models: list[str],
+    dtype: str,
+    prompt_len: int,
+    gen_len: int,
+    batches: tuple[int, ...] = (1, 8),
+    peer: bool = True,
+) -> list[dict]:
+    rows: list[Throughput] = []
+    for model in models:
+        engine = EngineCore(EngineConfig(model=model, dtype=dtype))
+        kamado_throughput(engine, model, 1, 16, 4)  # warm-up
+        for batch in batches:
+            rows.append(kamado_throughput(engine, model, batch, prompt_len, gen_len))
+            print(_fmt(rows[-1]), flush=True)
+        vocab = engine.model_config.vocab_size
+        torch_dtype = engine.dtype
+        del engine
+        if peer:
+            reference = load_reference(model, torch_dtype)
+            transformers_throughput(reference, model, 1, 16, 4, vocab)  # warm-up
+            for batch in batches:
+                rows.append(
+                    transformers_throughput(reference, model, batch, prompt_len, gen_len, vocab)
+                )
+                print(_fmt(rows[-1]), flush=True)
+            del reference
+    _summary(rows)
+    return [asdict(r) for r in rows]
+
+
+def _fmt(r: Throughput) -> str:
+    return (
+        f"{r.model:32s} {r.engine:12s} batch {r.batch:2d}: "
+        f"prefill {r.prefill_tok_s:8.1f} tok/s   decode {r.decode_tok_s:7.1f} tok/s"
+    )
+
+
+def _summary(rows: list[Throughput]) -> None:
+    print("\nside by side (kamado / transformers):")
+    for r in rows:
+        if r.engine != "kamado":
+            continue
+        peer = next(
+            (p for p in rows if p.engine != "kamado" and (p.model, p.batch) == (r.model, r.batch)),
+            None,
+        )
+        single = next(p for p in rows if p.engine == "kamado" and p.model == r.model)
+        line = f"  {r.model} batch {r.batch}: decode {r.decode_tok_s:.1f} tok/s"
+        if peer:
+            line += (
+                f" = {r.decode_tok_s / peer.decode_tok_s:.2f}x transformers; prefill "
+                f"{r.prefill_tok_s / peer.prefill_tok_s:.2f}x"
+            )
+        if r.batch > 1:
+            line += f"; {r.decode_tok_s / single.decode_tok_s:.2f}x kamado batch {single.batch}"
+        print(line)

@@ -1,0 +1,80 @@
+"""The engine core's own process: a plain loop of receive requests, step, send deltas.
+
+Messages in (tuples): ("add", request_id, prompt_token_ids, params), ("abort", request_id,
+index | None), ("shutdown",). Messages out: ("ready", EngineInfo) or ("failed", message)
+once at start, then ("step", deltas, stats) after each step, ("stats", stats) after
+requests change while idle, and ("rejected", request_id, message).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from kamado.config import EngineConfig, ModelConfig
+from kamado.engine.core import EngineCore, RequestError
+
+IDLE_POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model_config: ModelConfig
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    dtype: str
+
+
+def run_engine_process(config: EngineConfig, conn: Connection) -> None:
+    logging.basicConfig(level=logging.INFO, format="engine: %(message)s")
+    try:
+        engine = EngineCore(config)
+    except Exception as exc:  # report any load failure to the server, then exit
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(
+        (
+            "ready",
+            EngineInfo(
+                engine.model_config,
+                engine.max_model_len,
+                engine.num_blocks,
+                config.block_size,
+                str(engine.dtype).removeprefix("torch."),
+            ),
+        )
+    )
+    try:
+        _loop(engine, conn)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the server went away; nothing left to serve
+    except Exception:
+        traceback.print_exc()
+        raise
+
+
+def _loop(engine: EngineCore, conn: Connection) -> None:
+    while True:
+        changed = False
+        while conn.poll(0 if engine.has_work() else IDLE_POLL_SECONDS):
+            message = conn.recv()
+            kind = message[0]
+            if kind == "shutdown":
+                return
+            changed = True
+            if kind == "add":
+                _, request_id, prompt, params = message
+                try:
+                    engine.add_request(request_id, prompt, params)
+                except RequestError as exc:
+                    conn.send(("rejected", request_id, str(exc)))
+            elif kind == "abort":
+                engine.abort(message[1], message[2])
+        if engine.has_work():
+            deltas = engine.step()
+            conn.send(("step", deltas, engine.snapshot()))
+        elif changed:
+            conn.send(("stats", engine.snapshot()))

@@ -1,0 +1,88 @@
+"""A request's tokens do not depend on what else runs beside it, or how it was scheduled."""
+
+import random
+
+import pytest
+
+from kamado.engine.sampling_params import SamplingParams
+from tests.engine.conftest import greedy, make_engine, run
+
+
+def mixed_requests() -> dict:
+    rng = random.Random(7)
+    requests = {}
+    for i in range(8):
+        prompt = [rng.randrange(512) for _ in range(rng.randrange(3, 60))]
+        params = greedy(rng.randrange(8, 30))
+        if i % 3 == 1:  # seeded sampling must be just as stable as greedy
+            params = SamplingParams(temperature=0.9, top_p=0.9, seed=i, max_tokens=20)
+        requests[f"r{i}"] = (prompt, params)
+    return requests
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"max_num_batched_tokens": 7},  # prompts arrive in chunks
+        {"kv_cache_bytes": 24 * 4096, "block_size": 4},  # too small for all: preemption
+        {"kv_cache_bytes": 24 * 4096, "block_size": 4, "max_num_batched_tokens": 9},
+    ],
+    ids=["batched", "chunked", "preempted", "chunked+preempted"],
+)
+def test_same_tokens_alone_and_in_a_mixed_batch(tiny_models, options):
+    path, _ = tiny_models["qwen3"]
+    requests = mixed_requests()
+    alone = {}
+    for request_id, request in requests.items():
+        alone.update(run(make_engine(path), {request_id: request}))
+    engine = make_engine(path, **options)
+    together = run(engine, requests)
+    assert together == alone
+    if "kv_cache_bytes" in options:
+        assert engine.scheduler.num_preemptions > 0
+    assert engine.pool.num_used == 0  # every block came back
+
+
+def test_every_step_carries_every_decoding_sequence(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = make_engine(path, max_num_batched_tokens=16)
+    for i in range(3):
+        engine.add_request(f"d{i}", [1 + i, 2, 3], greedy(200))
+    for _ in range(3):
+        engine.step()
+    engine.add_request("long", list(range(1, 400)), greedy(4))
+    prefill_steps = 0
+    while True:
+        decoded = {d.request_id for d in engine.step()}
+        assert {"d0", "d1", "d2"} <= decoded  # no decode stream skipped a step
+        prefill_steps += 1
+        if "long" in decoded:
+            break
+    assert prefill_steps > 20  # the long prompt really was spread over many steps
+
+
+def test_n_choices_share_the_prompt_kv(tiny_models):
+    path, _ = tiny_models["qwen2"]
+    engine = make_engine(path, block_size=4)
+    prompt = list(range(5, 19))  # 14 tokens: 3 full blocks and a partial one
+    params = SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)
+    engine.add_request("n", prompt, params)
+    engine.step()  # choice 0 prefills the prompt once; the others fork from it
+    seqs = engine._requests["n"]
+    assert all(s.block_table[:3] == seqs[0].block_table[:3] for s in seqs)
+    assert engine.pool.ref_counts[seqs[0].block_table[0]] == 4
+    assert len({s.block_table[3] for s in seqs}) == 4  # the partial block was copied
+    run(engine, {})
+    assert engine.pool.num_used == 0
+
+
+def test_n_choices_are_seeded_and_distinct(tiny_models):
+    path, _ = tiny_models["qwen2"]
+    prompt = list(range(5, 19))
+    params = SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)
+    first = run(make_engine(path, block_size=4), {"n": (prompt, params)})["n"]
+    again = run(make_engine(path, block_size=4), {"n": (prompt, params)})["n"]
+    assert sorted(first) == [0, 1, 2, 3]
+    assert len({tuple(t) for t in first.values()}) > 1
+    assert again == first
