@@ -106,3 +106,9 @@ def start_server(model: Path, *args: str, env: dict[str, str] | None = None) -> 
 def smol_server(smollm2_path) -> Iterator[Server]:
     # float32 so that batched and unbatched greedy decoding agree exactly.
     yield from start_server(smollm2_path, "--max-model-len", "512", "--dtype", "float32")
+
+
+@pytest.fixture(scope="module")
+def qwen_server(qwen05_path) -> Iterator[Server]:
+    # The default model: its template renders tools and tool results.
+    yield from start_server(qwen05_path, "--max-model-len", "512")

@@ -1,0 +1,126 @@
+"""Context clamping, the bounded queue, and /health that notices a stalled or dead engine.
+
+Runs its own small server (128-token context, one sequence, no queue); the last test kills
+its engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import start_server
+
+pytestmark = pytest.mark.slow
+
+HI = [{"role": "user", "content": "hi"}]
+STALL_S = 3
+
+
+@pytest.fixture(scope="module")
+def tiny_server(smollm2_path):
+    args = ("--max-model-len", "128", "--max-num-seqs", "1", "--max-queued", "0")
+    yield from start_server(smollm2_path, *args, env={"KAMADO_HEALTH_STALL_SECONDS": str(STALL_S)})
+
+
+def chat_url(server) -> str:
+    return server.url + "/v1/chat/completions"
+
+
+def test_max_tokens_larger_than_the_context_is_clamped(tiny_server):
+    raw = tiny_server.client().chat.completions.with_raw_response.create(
+        model=tiny_server.model, messages=HI, max_tokens=4096, temperature=0
+    )
+    r = raw.parse()
+    clamped = int(raw.headers["x-kamado-max-tokens-clamped"])
+    assert clamped == 128 - r.usage.prompt_tokens
+    assert r.usage.completion_tokens <= clamped
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_max_tokens_that_fits_is_not_clamped(tiny_server):
+    r = httpx.post(chat_url(tiny_server), json={"messages": HI, "max_tokens": 2})
+    assert r.status_code == 200 and "x-kamado-max-tokens-clamped" not in r.headers
+
+
+def test_prompt_that_fills_the_context_is_refused(tiny_server):
+    r = httpx.post(
+        chat_url(tiny_server), json={"messages": [{"role": "user", "content": "a " * 200}]}
+    )
+    assert r.status_code == 400
+    assert "128" in r.json()["error"]["message"]
+
+
+def test_full_queue_answers_503_with_retry_after(tiny_server):
+    body = {"messages": HI, "max_tokens": 60, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", chat_url(tiny_server), json=body, timeout=60) as busy:
+        assert busy.status_code == 200
+        r = httpx.post(chat_url(tiny_server), json={"messages": HI, "max_tokens": 2})
+        assert r.status_code == 503
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "queue_full"
+        with pytest.raises(openai.APIStatusError) as e:
+            tiny_server.client().chat.completions.create(model=tiny_server.model, messages=HI)
+        assert e.value.status_code == 503
+    deadline = time.monotonic() + 30
+    while tiny_server.metric("kamado_requests_in_flight") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    r = httpx.post(chat_url(tiny_server), json={"messages": HI, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200
+
+
+def test_health_reports_a_stalled_engine(tiny_server):
+    pid = tiny_server.engine_pid()
+    assert httpx.get(tiny_server.url + "/health").status_code == 200
+    os.kill(pid, signal.SIGSTOP)  # alive, but making no progress: a hung engine
+    try:
+        result = {}
+
+        def ask():
+            r = httpx.post(
+                chat_url(tiny_server), json={"messages": HI, "max_tokens": 2}, timeout=120
+            )
+            result["status"] = r.status_code
+
+        t = threading.Thread(target=ask)
+        t.start()
+        time.sleep(STALL_S + 1.5)
+        h = httpx.get(tiny_server.url + "/health")
+        assert h.status_code == 503
+        assert h.json()["status"] == "engine_stalled"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    t.join(120)
+    assert result["status"] == 200
+    assert httpx.get(tiny_server.url + "/health").status_code == 200
+
+
+def test_engine_death_mid_stream_ends_the_stream_with_an_error(tiny_server):
+    body = {"messages": HI, "max_tokens": 100, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", chat_url(tiny_server), json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if '"content":"' in line and '"content":""' not in line:
+                break
+        os.kill(tiny_server.engine_pid(), signal.SIGKILL)
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    errors = [json.loads(line[6:]) for line in rest[:-1] if '"error"' in line]
+    assert errors and errors[-1]["error"]["message"]
+    # Afterwards: unhealthy, and requests are refused with a 503, not a 500 or a hang.
+    deadline = time.monotonic() + 10
+    while httpx.get(tiny_server.url + "/health").status_code == 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert httpx.get(tiny_server.url + "/health").json()["status"] == "engine_dead"
+    r = httpx.post(chat_url(tiny_server), json={"messages": HI, "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
+    r = httpx.post(chat_url(tiny_server), json={"messages": HI, "max_tokens": 2, "stream": True})
+    assert r.status_code == 503
