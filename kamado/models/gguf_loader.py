@@ -117,7 +117,10 @@ def gguf_weights(
 
     def convert(name: str) -> torch.Tensor:
         stored = gguf_name(name)
-        array = gf.dequantize(stored)
+        try:
+            array = gf.dequantize(stored)
+        except NotImplementedError as e:  # a quant type gguf-py cannot dequantize
+            raise ModelLoadError(f"{path}: tensor {stored}: {e}") from e
         if permuted and (".attn_q." in stored or ".attn_k." in stored):
             n_heads = config.num_heads if ".attn_q." in stored else config.num_kv_heads
             array = _unpermute_rows(array, n_heads)

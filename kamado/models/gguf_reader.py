@@ -48,7 +48,7 @@ class GGUFFile:
         self.tensors: dict[str, TensorInfo] = {}
         try:
             self._parse(string_arrays)
-        except (struct.error, UnicodeDecodeError, IndexError, ValueError) as e:
+        except (struct.error, UnicodeDecodeError, IndexError, KeyError, ValueError) as e:
             raise ModelLoadError(f"{self.path} is not a valid GGUF file ({e})") from e
 
     @property

@@ -60,5 +60,6 @@ def transformers_model(
         model.tie_weights()
         unexpected = set(weights) - set(model.state_dict())
         missing = set(model.state_dict()) - set(weights) - {"lm_head.weight"}
-        assert not unexpected and not missing, (unexpected, missing)
+        if unexpected or missing:
+            raise ValueError(f"weights do not fit: unexpected {unexpected}, missing {missing}")
     return model.eval()
