@@ -27,8 +27,8 @@ from starlette.background import BackgroundTask
 
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.sampling_params import SamplingParams
-from kamado.server.decoding import decode_body
-from kamado.server.errors import APIError
+from kamado.server.decoding import decode_body, read_body
+from kamado.server.errors import APIError, from_generation_failure
 from kamado.server.generation import Generation
 from kamado.server.protocol import (
     ChatChoice,
@@ -47,7 +47,15 @@ from kamado.server.protocol import (
 )
 from kamado.server.request_params import fit_max_tokens, sampling_params
 from kamado.server.state import Lease, ServerState
-from kamado.server.streaming import DONE, ClientGone, sse, sse_error, unless_disconnected
+from kamado.server.streaming import (
+    DONE,
+    HEARTBEAT,
+    ClientGone,
+    sse,
+    sse_error,
+    unless_disconnected,
+    with_heartbeats,
+)
 from kamado.server.tool_calls import CallEvent, TextEvent, ToolCallParser, declared_tools
 
 
@@ -111,7 +119,10 @@ async def prepare(state: ServerState, raw: bytes) -> PreparedChat:
         )
     plan = _tool_plan(req, state)
     tools = req.tools if req.tools and req.tool_choice != "none" else None
-    text = state.template.render(req.messages, tools, plan.prefill if plan else "")
+    # Rendering and tokenizing a 100k-token conversation takes a while: keep it off the loop.
+    text = await asyncio.to_thread(
+        state.template.render, req.messages, tools, plan.prefill if plan else ""
+    )
     prompt = await asyncio.to_thread(state.template.tokenize, text)
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -234,8 +245,14 @@ async def _stream(
         for i in range(n):
             yield chunk(i, {"role": "assistant", "content": ""})
         pending_lps: list[list[ChatTokenLogprob]] = [[] for _ in range(n)]
-        async with aclosing(gen.updates()) as updates:
-            async for up in updates:
+        async with (
+            aclosing(gen.updates()) as updates,
+            aclosing(with_heartbeats(updates)) as beats,
+        ):
+            async for up in beats:
+                if up is None:
+                    yield HEARTBEAT
+                    continue
                 b = builders[up.index]
                 if want_lp:
                     pending_lps[up.index] += b.format_logprobs(up.logprobs)
@@ -268,14 +285,15 @@ async def _stream(
             )
         yield DONE
     except Exception as e:  # headers are gone: say what broke, then end the stream properly
-        yield sse_error(f"Generation failed: {e}", code="generation_failed")
+        err = from_generation_failure(e)
+        yield sse_error(err.message, err.type, err.code)
         yield DONE
     finally:
         lease.release()
 
 
 async def create_chat_completion(state: ServerState, request: Request) -> Any:
-    prep = await prepare(state, await request.body())
+    prep = await prepare(state, await read_body(request))
     state.check_alive()
     lease = state.acquire()  # 503 + Retry-After when full
     gen = Generation(state, new_id("chatcmpl"), prep.prompt_token_ids, prep.params, "chat")
@@ -292,9 +310,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Any:
     except ClientGone:
         return JSONResponse({}, status_code=499)
     except Exception as e:
-        raise APIError(
-            f"Generation failed: {e}", status=503, type="server_error", code="generation_failed"
-        ) from None
+        raise from_generation_failure(e) from None
     finally:
         lease.release()
     return JSONResponse(result.model_dump(), headers=prep.headers)

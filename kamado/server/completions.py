@@ -14,8 +14,8 @@ from starlette.background import BackgroundTask
 
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.sampling_params import SamplingParams
-from kamado.server.decoding import decode_body
-from kamado.server.errors import APIError
+from kamado.server.decoding import decode_body, read_body
+from kamado.server.errors import APIError, from_generation_failure
 from kamado.server.generation import Generation
 from kamado.server.protocol import (
     Completion,
@@ -28,7 +28,15 @@ from kamado.server.protocol import (
 )
 from kamado.server.request_params import fit_max_tokens, sampling_params
 from kamado.server.state import Lease, ServerState
-from kamado.server.streaming import DONE, ClientGone, sse, sse_error, unless_disconnected
+from kamado.server.streaming import (
+    DONE,
+    HEARTBEAT,
+    ClientGone,
+    sse,
+    sse_error,
+    unless_disconnected,
+    with_heartbeats,
+)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
@@ -167,8 +175,14 @@ async def _stream(
         return sse(body)
 
     try:
-        async with aclosing(gen.updates()) as updates:
-            async for up in updates:
+        async with (
+            aclosing(gen.updates()) as updates,
+            aclosing(with_heartbeats(updates)) as beats,
+        ):
+            async for up in beats:
+                if up is None:
+                    yield HEARTBEAT
+                    continue
                 if not up.text and up.finish_reason is None and not want_lp:
                     continue
                 lp = fmt[up.index].format(up.logprobs).model_dump() if want_lp else None
@@ -177,15 +191,16 @@ async def _stream(
         if prep.req.include_usage:
             yield chunk([], _usage(gen))
         yield DONE
-    except Exception as e:
-        yield sse_error(f"Generation failed: {e}", code="generation_failed")
+    except Exception as e:  # headers are gone: say what broke, then end the stream properly
+        err = from_generation_failure(e)
+        yield sse_error(err.message, err.type, err.code)
         yield DONE
     finally:
         lease.release()
 
 
 async def create_completion(state: ServerState, request: Request) -> Any:
-    prep = await prepare(state, await request.body())
+    prep = await prepare(state, await read_body(request))
     state.check_alive()
     lease = state.acquire()
     gen = Generation(state, new_id("cmpl"), prep.prompt_token_ids, prep.params, "completions")
@@ -201,9 +216,7 @@ async def create_completion(state: ServerState, request: Request) -> Any:
     except ClientGone:
         return JSONResponse({}, status_code=499)
     except Exception as e:
-        raise APIError(
-            f"Generation failed: {e}", status=503, type="server_error", code="generation_failed"
-        ) from None
+        raise from_generation_failure(e) from None
     finally:
         lease.release()
     return JSONResponse(result.model_dump(), headers=prep.headers)

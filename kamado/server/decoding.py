@@ -5,11 +5,35 @@ from __future__ import annotations
 import json
 from typing import TypeVar
 
+from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from kamado.server.errors import APIError, from_validation_error
 
 M = TypeVar("M", bound=BaseModel)
+
+# ~16M tokens of text: far past any context, small enough that a runaway client cannot
+# exhaust the server's memory.
+MAX_BODY_BYTES = 64 << 20
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refusing (413) one larger than `limit` before reading it all."""
+    declared = request.headers.get("content-length", "")
+    too_big = APIError(
+        f"The request body is larger than this server accepts ({limit >> 20} MiB).",
+        status=413,
+        code="body_too_large",
+    )
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def decode_body(raw: bytes, model: type[M]) -> M:

@@ -80,6 +80,34 @@ def engine_unavailable(detail: str) -> APIError:
     )
 
 
+def from_generation_failure(exc: Exception) -> APIError:
+    """An exception out of the engine, as the error the client gets."""
+    from kamado.engine.async_engine import EngineDeadError
+    from kamado.engine.core import RequestError
+
+    if isinstance(exc, RequestError):  # the engine's own validation: the request's fault
+        return APIError(str(exc), code="invalid_request")
+    if isinstance(exc, EngineDeadError):
+        return engine_unavailable(str(exc))
+    from kamado.server.generation import GenerationError
+
+    if isinstance(exc, GenerationError):
+        return APIError(
+            f"Generation failed: {exc}",
+            503,
+            "server_error",
+            code="generation_failed",
+            headers={"Retry-After": "5"},
+        )
+    log.error("generation failed", exc_info=exc)
+    return APIError(
+        f"Internal error during generation: {type(exc).__name__}: {exc}",
+        500,
+        "server_error",
+        code="internal_error",
+    )
+
+
 def _loc(loc: tuple[Any, ...]) -> str:
     """("messages", 0, "content") -> "messages[0].content"; drops pydantic's union-branch labels."""
     out = ""
@@ -97,7 +125,9 @@ def _loc(loc: tuple[Any, ...]) -> str:
 
 def from_validation_error(exc: ValidationError | RequestValidationError) -> APIError:
     """The first few field errors, each as `field: problem (got value)`, naming the field."""
-    errors = exc.errors()
+    # The deepest location first: of a union's branches, the one that got furthest is the
+    # one the client meant ("content[0].text must be a string", not "content must be a str").
+    errors = sorted(exc.errors(), key=lambda e: -len(_loc(tuple(e.get("loc", ())))))
     seen: dict[str, str] = {}
     for err in errors:
         where = _loc(tuple(err.get("loc", ()))) or "body"
