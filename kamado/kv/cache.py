@@ -27,8 +27,9 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (num_blocks * block_size, config.num_kv_heads, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        # Uninitialised: attention reads only slots that were written.
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy one block's K/V in every layer (copy-on-write when sequences fork)."""
