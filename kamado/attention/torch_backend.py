@@ -95,14 +95,32 @@ class TorchAttention:
                 keys, values = k_cache[where : where + ctx], v_cache[where : where + ctx]
             else:
                 keys, values = k_cache[where], v_cache[where]
-            # [len, heads, dim] -> [heads, len, dim]; kv heads are shared by query groups.
-            out[start : start + q_len] = F.scaled_dot_product_attention(
-                q[start : start + q_len].transpose(0, 1),
-                keys.transpose(0, 1).to(q.dtype),
-                values.transpose(0, 1).to(q.dtype),
-                attn_mask=metadata.masks[i],
-                is_causal=metadata.causal[i],
-                enable_gqa=True,
-            ).transpose(0, 1)
+            q_seq = q[start : start + q_len]
+            if q_len == 1 and metadata.masks[i] is None:
+                out[start] = _decode_attention(q_seq[0], keys, values)
+            else:
+                # [len, heads, dim] -> [heads, len, dim]; kv heads are shared by query groups.
+                out[start : start + q_len] = F.scaled_dot_product_attention(
+                    q_seq.transpose(0, 1),
+                    keys.transpose(0, 1).to(q.dtype),
+                    values.transpose(0, 1).to(q.dtype),
+                    attn_mask=metadata.masks[i],
+                    is_causal=metadata.causal[i],
+                    enable_gqa=True,
+                ).transpose(0, 1)
             start += q_len
         return out
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One query token over its whole context: q [heads, dim], keys/values [ctx, kv_heads, dim].
+
+    Plain batched matmuls per kv head; on CPU this is an order of magnitude faster than
+    scaled_dot_product_attention, which falls back to its generic path for one query.
+    """
+    num_heads, dim = q.shape
+    num_kv_heads = keys.shape[1]
+    grouped = q.view(num_kv_heads, num_heads // num_kv_heads, dim)
+    scores = torch.matmul(grouped, keys.permute(1, 2, 0).to(q.dtype)).float() * dim**-0.5
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.matmul(probs, values.transpose(0, 1).to(q.dtype)).view(num_heads, dim)
