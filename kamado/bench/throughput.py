@@ -11,7 +11,8 @@ import torch
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
-from kamado.models import resolve_model
+from kamado.models import load_model_config, load_weights, resolve_model
+from kamado.models.reference import transformers_model
 
 
 @dataclass
@@ -91,18 +92,12 @@ def transformers_throughput(
 
 
 def load_reference(model: str, dtype: torch.dtype) -> torch.nn.Module:
-    """The same checkpoint through transformers, as a side-by-side peer."""
-    from transformers import AutoModelForCausalLM
-
+    """Plain transformers (eager decode loop, SDPA attention) holding the same weights in
+    the same dtype: the side-by-side peer."""
     source = resolve_model(model)
-    if source.kind == "gguf":
-        assert source.path is not None
-        return AutoModelForCausalLM.from_pretrained(
-            source.path.parent, gguf_file=source.path.name, dtype=dtype
-        ).eval()
-    if source.kind == "hf":
-        return AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype).eval()
-    raise ValueError("transformers can only be compared on real checkpoints (gguf or hf)")
+    config = load_model_config(source)
+    weights = load_weights(source, config, dtype)
+    return transformers_model(config, weights, attn_implementation="sdpa").eval()
 
 
 def run_throughput(
