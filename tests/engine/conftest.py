@@ -6,44 +6,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import PreTrainedModel
 
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
+from tests.tiny_models import ARCHITECTURES, save_tiny_hf_model
 
-ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3"]
 
-
-def tiny_hf_model(arch: str, path: Path, **overrides) -> AutoModelForCausalLM:
-    """A 2-layer random model of `arch`, saved to `path`; returns the transformers model."""
-    options = dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=arch == "qwen3",
-        eos_token_id=None,
-    )
-    if arch == "qwen3":
-        options["head_dim"] = 32
-    options.update(overrides)
-    config = AutoConfig.for_model(arch, **options)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # larger-than-default weights give peaked, non-degenerate outputs
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.08)
-    model.save_pretrained(path)
-    return model
+def tiny_hf_model(arch: str, path: Path, **overrides) -> PreTrainedModel:
+    """Larger vocabulary and context than the default tiny model, no end-of-sequence token."""
+    options = dict(vocab_size=512, max_position_embeddings=1024, eos_token_id=None)
+    options["tie_word_embeddings"] = arch == "qwen3"
+    return save_tiny_hf_model(path, arch, weight_std=0.08, **{**options, **overrides})
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> dict[str, tuple[Path, AutoModelForCausalLM]]:
+def tiny_models(tmp_path_factory) -> dict[str, tuple[Path, PreTrainedModel]]:
     out = {}
     for arch in ARCHITECTURES:
         path = tmp_path_factory.mktemp(f"tiny-{arch}")
@@ -51,15 +30,16 @@ def tiny_models(tmp_path_factory) -> dict[str, tuple[Path, AutoModelForCausalLM]
     return out
 
 
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+def hf_greedy(model, prompt: list[int], n: int, eos: list[int] | None = None) -> list[int]:
+    """transformers' greedy continuation: exactly n tokens, or up to one of `eos`."""
+    options = {"eos_token_id": eos, "pad_token_id": eos[0]} if eos else {"min_new_tokens": n}
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
             max_new_tokens=n,
-            min_new_tokens=n,
             do_sample=False,
-            pad_token_id=0,
+            **({"pad_token_id": 0} | options),
         )
     return out[0, len(prompt) :].tolist()
 

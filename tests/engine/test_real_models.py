@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from kamado import LLM, SamplingParams
+from tests.engine.conftest import hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +37,7 @@ def test_greedy_tokens_match_transformers_alone_and_batched(real_model):
     lengths = []
     for prompt, result in zip(PROMPTS, batched, strict=True):
         ids = result.prompt_token_ids
-        with torch.no_grad():
-            ref = model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos[0],
-            )[0, len(ids) :].tolist()
+        ref = hf_greedy(model, ids, NEW_TOKENS, eos)
         assert result.outputs[0].token_ids == ref, prompt
         lengths.append(len(ref))
     assert max(lengths) == NEW_TOKENS  # long outputs were compared, not only early stops

@@ -8,38 +8,19 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from kamado.models.errors import ModelLoadError
 from kamado.models.hf_loader import hf_model_config, hf_weights
 from kamado.models.layout import expected_weights
 from kamado.models.loader import load_model_config, load_weights
 from kamado.models.source import resolve_model
+from tests.tiny_models import ARCHITECTURES, save_tiny_hf_model
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+ARCHS = ARCHITECTURES
 
 
 def save_tiny(path, arch: str, shard: str = "1GB", **overrides):
-    options = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=arch == "qwen2",
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    if arch == "qwen3":
-        options["head_dim"] = 32
-    options.update(overrides)
-    config = AutoConfig.for_model(arch, **options)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(path, max_shard_size=shard)
-    return model
+    return save_tiny_hf_model(path, arch, shard=shard, **overrides)
 
 
 def edit_config(path, **changes):
