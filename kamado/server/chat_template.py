@@ -58,14 +58,11 @@ class ChatTemplate:
     def __init__(self, tokenizer: Any, template_file: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.override = Path(template_file).read_text() if template_file else None
-        source = self.override or getattr(tokenizer, "chat_template", None)
-        if not source:
-            raise ValueError(
-                "the model's tokenizer has no chat template; pass --chat-template FILE"
-            )
+        source = self.override or getattr(tokenizer, "chat_template", None) or ""
         if isinstance(source, dict):  # several named templates: use the default one
             source = source.get("default") or next(iter(source.values()))
             self.override = source
+        # Empty for a base model: /v1/completions still works, chat asks for a template.
         self.source: str = source
         self.knows_tools = "tools" in source
         # Whether calls are written as <tool_call> tags (Qwen/Hermes, or our own preamble).
@@ -122,6 +119,12 @@ class ChatTemplate:
         """Prompt text ending with the assistant generation prompt (plus `prefill`)."""
         if not messages:
             raise APIError("messages must contain at least one message.", param="messages")
+        if not self.source:
+            raise APIError(
+                "This model has no chat template, so /v1/chat/completions cannot format "
+                "messages; use /v1/completions, or restart the server with --chat-template FILE.",
+                code="no_chat_template",
+            )
         conversation = self.messages_to_dicts(messages)
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
         if tool_dicts and not self.knows_tools:

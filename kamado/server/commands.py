@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
+from pathlib import Path
 
 from kamado.config import EngineConfig
 
@@ -20,6 +22,17 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise SystemExit(f"kamado serve: --listen must be HOST:PORT, got {listen!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def _env_float(name: str, default: float) -> float:
@@ -122,6 +135,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from kamado.models.source import resolve_model
 
     host, port = parse_listen(args.listen)
+    if problem := _cannot_listen(host, port):  # say so before minutes of model loading
+        print(f"kamado serve: cannot listen on {host}:{port}: {problem}", file=sys.stderr)
+        return 2
+    if args.chat_template and not Path(args.chat_template).is_file():
+        print(f"kamado serve: --chat-template {args.chat_template}: no such file", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="kamado: %(message)s")
     try:
         source = resolve_model(args.model, allow_pull=True)  # pulls with a progress bar
