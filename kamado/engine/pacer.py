@@ -12,7 +12,7 @@ import math
 
 class PrefillPacer:
     REMEASURE_EVERY = 64  # mixed steps between fresh decode-only measurements
-    MIN_CHUNK = 4  # progress is guaranteed even when one token already costs too much
+    MIN_CHUNK = 1  # progress is guaranteed even when one token already costs too much
     EMA = 0.3
 
     def __init__(self, factor: float, max_tokens: int) -> None:
