@@ -1,0 +1,43 @@
+"""Prefill pacing: chunks sized from measured step times to keep decodes at pace."""
+
+from kamado.engine.pacer import PrefillPacer
+
+
+def test_without_decodes_prefill_takes_the_whole_budget():
+    assert PrefillPacer(1.25, 2048).prefill_limit(num_decodes=0) == 2048
+
+
+def test_learns_the_decode_gap_first_then_sizes_chunks_to_the_slack():
+    pacer = PrefillPacer(1.25, 2048)
+    assert pacer.prefill_limit(3) == 0  # a decode-only step comes first, to measure
+    pacer.observe(3, 0, 0.040)
+    assert pacer.prefill_limit(3) == PrefillPacer.MIN_CHUNK  # no prefill cost known yet
+    pacer.observe(3, 10, 0.040 + 10 * 0.002)  # 2 ms per prefill token beside decodes
+    # 25% of a 40 ms step is 10 ms of slack: 5 tokens at 2 ms.
+    assert pacer.prefill_limit(3) == 5
+
+
+def test_chunks_shrink_as_prefill_tokens_get_dearer():
+    pacer = PrefillPacer(1.5, 2048)
+    pacer.observe(3, 0, 0.040)
+    pacer.observe(3, 20, 0.040 + 20 * 0.001)
+    before = pacer.prefill_limit(3)
+    for _ in range(20):  # deeper into a long prompt, attention makes each token dearer
+        pacer.observe(3, 5, 0.040 + 5 * 0.008)
+    assert pacer.prefill_limit(3) < before
+    assert pacer.prefill_limit(3) >= PrefillPacer.MIN_CHUNK
+
+
+def test_the_decode_gap_is_measured_again_now_and_then():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for _ in range(PrefillPacer.REMEASURE_EVERY):
+        pacer.observe(3, 4, 0.048)
+    assert pacer.prefill_limit(3) == 0
+    pacer.observe(3, 0, 0.060)
+    assert pacer.prefill_limit(3) > 0
+    assert pacer.decode_step_s > 0.040  # the fresh, slower measurement moved the estimate
+
+
+def test_unbounded_factor_turns_pacing_off():
+    assert PrefillPacer(float("inf"), 512).prefill_limit(num_decodes=8) == 512
