@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -247,7 +248,7 @@ async def _stream(
         pending_lps: list[list[ChatTokenLogprob]] = [[] for _ in range(n)]
         async with (
             aclosing(gen.updates()) as updates,
-            aclosing(with_heartbeats(updates)) as beats,
+            aclosing(with_heartbeats(updates, state.options.heartbeat_s)) as beats,
         ):
             async for up in beats:
                 if up is None:
@@ -293,10 +294,11 @@ async def _stream(
 
 
 async def create_chat_completion(state: ServerState, request: Request) -> Any:
+    arrival = time.monotonic()
     prep = await prepare(state, await read_body(request))
     state.check_alive()
     lease = state.acquire()  # 503 + Retry-After when full
-    gen = Generation(state, new_id("chatcmpl"), prep.prompt_token_ids, prep.params, "chat")
+    gen = Generation(state, new_id("chatcmpl"), prep.prompt_token_ids, prep.params, "chat", arrival)
     if prep.req.stream:
         return StreamingResponse(
             _stream(state, prep, gen, lease),

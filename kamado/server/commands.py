@@ -81,6 +81,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
         max_queued=args.max_queued,
         bare_json_tool_calls=not args.no_bare_json_tool_calls,
         stall_timeout_s=_env_float("KAMADO_HEALTH_STALL_SECONDS", 60.0),
+        heartbeat_s=_env_float("KAMADO_SSE_HEARTBEAT_SECONDS", 15.0),
         chat_template_file=args.chat_template,
     )
     config = engine_config(args, str(source.path))

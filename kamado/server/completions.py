@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -177,7 +178,7 @@ async def _stream(
     try:
         async with (
             aclosing(gen.updates()) as updates,
-            aclosing(with_heartbeats(updates)) as beats,
+            aclosing(with_heartbeats(updates, state.options.heartbeat_s)) as beats,
         ):
             async for up in beats:
                 if up is None:
@@ -200,10 +201,13 @@ async def _stream(
 
 
 async def create_completion(state: ServerState, request: Request) -> Any:
+    arrival = time.monotonic()
     prep = await prepare(state, await read_body(request))
     state.check_alive()
     lease = state.acquire()
-    gen = Generation(state, new_id("cmpl"), prep.prompt_token_ids, prep.params, "completions")
+    gen = Generation(
+        state, new_id("cmpl"), prep.prompt_token_ids, prep.params, "completions", arrival
+    )
     if prep.req.stream:
         return StreamingResponse(
             _stream(state, prep, gen, lease),

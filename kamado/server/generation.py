@@ -37,13 +37,14 @@ class Generation:
         prompt_token_ids: list[int],
         params: SamplingParams,
         endpoint: str,
+        arrival: float | None = None,  # time.monotonic() when the request came in
     ) -> None:
         self.state = state
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self.endpoint = endpoint
-        self.arrival = time.monotonic()
+        self.arrival = time.monotonic() if arrival is None else arrival
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_cached_tokens = 0
         self.completion_tokens = [0] * params.n

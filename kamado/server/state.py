@@ -22,6 +22,8 @@ class ServerOptions:
     bare_json_tool_calls: bool = True
     # /health fails when the engine has work but completed no step for this long.
     stall_timeout_s: float = 60.0
+    # A streamed reply that has nothing to send for this long sends an SSE comment.
+    heartbeat_s: float = 15.0
     chat_template_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

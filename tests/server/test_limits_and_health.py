@@ -27,7 +27,8 @@ STALL_S = 3
 @pytest.fixture(scope="module")
 def tiny_server(smollm2_path):
     args = ("--max-model-len", "128", "--max-num-seqs", "1", "--max-queued", "0")
-    yield from start_server(smollm2_path, *args, env={"KAMADO_HEALTH_STALL_SECONDS": str(STALL_S)})
+    env = {"KAMADO_HEALTH_STALL_SECONDS": str(STALL_S), "KAMADO_SSE_HEARTBEAT_SECONDS": "0.5"}
+    yield from start_server(smollm2_path, *args, env=env)
 
 
 def chat_url(server) -> str:
@@ -76,18 +77,17 @@ def test_full_queue_answers_503_with_retry_after(tiny_server):
     assert r.status_code == 200
 
 
-def test_health_reports_a_stalled_engine(tiny_server):
+def test_health_reports_a_stalled_engine_and_streams_keep_alive(tiny_server):
     pid = tiny_server.engine_pid()
     assert httpx.get(tiny_server.url + "/health").status_code == 200
     os.kill(pid, signal.SIGSTOP)  # alive, but making no progress: a hung engine
     try:
-        result = {}
+        lines: list[str] = []
 
         def ask():
-            r = httpx.post(
-                chat_url(tiny_server), json={"messages": HI, "max_tokens": 2}, timeout=120
-            )
-            result["status"] = r.status_code
+            body = {"messages": HI, "max_tokens": 2, "stream": True}
+            with httpx.stream("POST", chat_url(tiny_server), json=body, timeout=120) as r:
+                lines.extend(line for line in r.iter_lines() if line)
 
         t = threading.Thread(target=ask)
         t.start()
@@ -98,7 +98,9 @@ def test_health_reports_a_stalled_engine(tiny_server):
     finally:
         os.kill(pid, signal.SIGCONT)
     t.join(120)
-    assert result["status"] == 200
+    assert lines[-1] == "data: [DONE]"
+    # While nothing came, SSE comments kept the connection visibly alive.
+    assert lines.count(": keep-alive") >= 3
     assert httpx.get(tiny_server.url + "/health").status_code == 200
 
 
