@@ -76,7 +76,7 @@ class ServerState:
         return getattr(config, "vocab_size", None)
 
     def check_model(self, requested: str | None) -> None:
-        if requested is None or requested in self.options.model_names:
+        if not requested or requested in self.options.model_names:
             return
         raise model_not_found(requested, self.options.model_names[:1])
 
