@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -70,6 +71,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
     from kamado.models.tokenizer import load_tokenizer
     from kamado.server.app import build_app
     from kamado.server.state import ServerOptions, ServerState
+    from kamado.server.supervisor import Supervisor
 
     tokenizer = await asyncio.to_thread(load_tokenizer, source)
     if tokenizer is None:
@@ -97,6 +99,11 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
         await engine.shutdown()
         print(f"kamado serve: {e}", file=sys.stderr)
         return 2
+    supervisor = Supervisor(
+        state,
+        lambda: AsyncEngine.start(config),
+        restart_after_stall_s=_env_float("KAMADO_ENGINE_RESTART_STALL_SECONDS", 300.0),
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             build_app(state),
@@ -124,11 +131,17 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
                 f"{engine.info.dtype})",
                 flush=True,
             )
-            await server.main_loop()
-            await server.shutdown()
+            watch = asyncio.create_task(supervisor.run(), name="engine-supervisor")
+            try:
+                await server.main_loop()
+                await server.shutdown()
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
             return 0
         finally:
-            await engine.shutdown()
+            await supervisor.close()  # the current engine, which may be a restarted one
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

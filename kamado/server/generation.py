@@ -40,6 +40,7 @@ class Generation:
         arrival: float | None = None,  # time.monotonic() when the request came in
     ) -> None:
         self.state = state
+        self.engine = state.engine  # the supervisor may replace state.engine meanwhile
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -57,7 +58,7 @@ class Generation:
         # Shielded: this runs while the task is being cancelled (client went away).
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(Exception):
-                await self.state.engine.abort(self.request_id)
+                await self.engine.abort(self.request_id)
 
     async def updates(self) -> AsyncIterator[ChoiceUpdate]:
         n = self.params.n
@@ -70,7 +71,7 @@ class Generation:
         first_token_seen = False
         outcome = "error"
         try:
-            async for delta in self.state.engine.generate(
+            async for delta in self.engine.generate(
                 self.request_id, self.prompt_token_ids, self.params
             ):
                 i = delta.index
@@ -109,7 +110,7 @@ class Generation:
                     break
                 if stream.stopped and not engine_done[i]:
                     # Free this choice's KV now; the engine sends no delta for an abort.
-                    await self.state.engine.abort(self.request_id, i)
+                    await self.engine.abort(self.request_id, i)
                     engine_done[i] = True
             else:
                 if not all(done):

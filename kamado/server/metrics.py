@@ -82,6 +82,11 @@ class Metrics:
             "Replies that were only a JSON tool call (bare or fenced) returned as tool_calls",
             registry=self.registry,
         )
+        self.engine_restarts = Counter(
+            "kamado_engine_restarts",
+            "Times the engine core was restarted after dying or hanging",
+            registry=self.registry,
+        )
         self.rejected = Counter(
             "kamado_requests_rejected",
             "Requests refused before generation, by reason",

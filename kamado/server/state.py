@@ -59,7 +59,7 @@ class ServerState:
         self.stop_token_ids: list[int] = [eos] if isinstance(eos, int) else []
         self.in_flight = 0
         self._busy_since: float | None = None
-        self.metrics = Metrics(engine.stats, lambda: self.in_flight)
+        self.metrics = Metrics(lambda: self.engine.stats(), lambda: self.in_flight)
         self.created = int(time.time())
 
     @property
