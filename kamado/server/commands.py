@@ -82,7 +82,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
         max_num_seqs=args.max_num_seqs,
         max_queued=args.max_queued,
         bare_json_tool_calls=not args.no_bare_json_tool_calls,
-        stall_timeout_s=_env_float("KAMADO_HEALTH_STALL_SECONDS", 60.0),
+        stall_timeout_s=_env_float("KAMADO_HEALTH_STALL_SECONDS", 120.0),
         heartbeat_s=_env_float("KAMADO_SSE_HEARTBEAT_SECONDS", 15.0),
         chat_template_file=args.chat_template,
     )
@@ -102,7 +102,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
     supervisor = Supervisor(
         state,
         lambda: AsyncEngine.start(config),
-        restart_after_stall_s=_env_float("KAMADO_ENGINE_RESTART_STALL_SECONDS", 300.0),
+        restart_after_stall_s=_env_float("KAMADO_ENGINE_RESTART_STALL_SECONDS", 600.0),
     )
     server = uvicorn.Server(
         uvicorn.Config(

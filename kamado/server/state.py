@@ -21,7 +21,7 @@ class ServerOptions:
     max_queued: int = 256
     bare_json_tool_calls: bool = True
     # /health fails when the engine has work but completed no step for this long.
-    stall_timeout_s: float = 60.0
+    stall_timeout_s: float = 120.0
     # A streamed reply that has nothing to send for this long sends an SSE comment.
     heartbeat_s: float = 15.0
     chat_template_file: str | None = None
@@ -136,6 +136,8 @@ class ServerState:
         }
         if not s.alive:
             return Health(False, "engine_dead", detail)
-        if s.busy and idle_for > self.options.stall_timeout_s:
+        # A step that took long (a big prefill chunk on a CPU) will again: allow a few of them.
+        limit = max(self.options.stall_timeout_s, 3.0 * getattr(s, "last_step_seconds", 0.0))
+        if s.busy and idle_for > limit:
             return Health(False, "engine_stalled", detail)
         return Health(True, "ok", detail)
