@@ -89,25 +89,30 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
-        unfinished = params.n
+        finished: set[int] = set()
         try:
             self._send(("add", request_id, prompt_token_ids, params))
-            while unfinished:
+            while len(finished) < params.n:
                 item = await queue.get()
                 if isinstance(item, Exception):
                     raise item
+                if item.index in finished:
+                    continue  # a delta that crossed an abort of its choice
                 if item.finish_reason is not None:
-                    unfinished -= 1
+                    finished.add(item.index)
                 yield item
         finally:
             self._queues.pop(request_id, None)
-            if unfinished and self._alive:
+            if len(finished) < params.n and self._alive:
                 self._send(("abort", request_id, None))
 
     async def abort(self, request_id: str, index: int | None = None) -> None:
-        """Stop a request or one choice of it; its KV blocks are freed."""
+        """Stop a request, or one choice of it; its KV blocks are freed. An aborted choice
+        ends its part of generate() with a delta whose finish_reason is "abort"."""
         if self._alive:
             self._send(("abort", request_id, index))
+        if index is not None and (queue := self._queues.get(request_id)) is not None:
+            queue.put_nowait(TokenDelta(request_id, index, [], None, "abort", 0))
 
     def stats(self) -> ServerEngineStats:
         return ServerEngineStats(

@@ -73,3 +73,24 @@ async def test_a_dead_engine_fails_requests_instead_of_hanging(tiny_path):
         assert not engine.stats().alive
     finally:
         await engine.shutdown()
+
+
+async def test_aborting_one_choice_ends_it_and_the_others_run_on(tiny_path):
+    from kamado.engine.sampling_params import SamplingParams
+
+    engine = await AsyncEngine.start(config(tiny_path))
+    try:
+        params = SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=30, ignore_eos=True)
+        reasons: dict[int, str] = {}
+        counts = {0: 0, 1: 0}
+        async with asyncio.timeout(60):
+            async for delta in engine.generate("two", [1, 2, 3], params):
+                counts[delta.index] += len(delta.new_token_ids)
+                if delta.index == 0 and counts[0] == 3 and 0 not in reasons:
+                    await engine.abort("two", 0)
+                if delta.finish_reason:
+                    reasons[delta.index] = delta.finish_reason
+        assert reasons == {0: "abort", 1: "length"}
+        assert counts[0] < 30 and counts[1] == 30
+    finally:
+        await engine.shutdown()

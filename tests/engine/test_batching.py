@@ -26,7 +26,7 @@ def mixed_requests() -> dict:
         {},
         {"max_num_batched_tokens": 7},  # prompts arrive in chunks
         {"kv_cache_bytes": 24 * 4096, "block_size": 4},  # too small for all: preemption
-        {"kv_cache_bytes": 24 * 4096, "block_size": 4, "max_num_batched_tokens": 9},
+        {"kv_cache_bytes": 24 * 4096, "block_size": 4, "max_num_batched_tokens": 16},
     ],
     ids=["batched", "chunked", "preempted", "chunked+preempted"],
 )
@@ -46,7 +46,8 @@ def test_same_tokens_alone_and_in_a_mixed_batch(tiny_models, options):
 
 def test_every_step_carries_every_decoding_sequence(tiny_models):
     path, _ = tiny_models["llama"]
-    engine = make_engine(path, max_num_batched_tokens=16)
+    # Pacing off: even prefill at the full token budget never crowds out a decode.
+    engine = make_engine(path, max_num_batched_tokens=16, decode_stall_factor=float("inf"))
     for i in range(3):
         engine.add_request(f"d{i}", [1 + i, 2, 3], greedy(200))
     for _ in range(3):

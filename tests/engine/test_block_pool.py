@@ -5,15 +5,25 @@ import pytest
 from kamado.kv.block_pool import BlockPool, OutOfBlocks
 
 
-def test_growing_sequences_get_contiguous_runs_when_free():
-    pool = BlockPool(16)
-    a = [pool.allocate()]
-    b = [pool.allocate()]
-    for _ in range(3):
-        a.append(pool.allocate(after=a[-1]))
-    assert b == [1]
-    assert a == [0, 2, 3, 4]  # block 1 was taken, so the run continues after it
-    assert pool.num_free == 11
+def grow(pool: BlockPool, table: list[int]) -> None:
+    table.append(pool.allocate(after=table[-1] if table else None))
+
+
+def is_run(table: list[int]) -> bool:
+    return table == list(range(table[0], table[0] + len(table)))
+
+
+def test_sequences_growing_side_by_side_each_keep_one_contiguous_run():
+    pool = BlockPool(1000)
+    tables: list[list[int]] = [[] for _ in range(8)]
+    for table in tables:  # eight prompts admitted one after another
+        for _ in range(16):
+            grow(pool, table)
+    for _ in range(40):  # then all decode in lockstep, a block each now and then
+        for table in tables:
+            grow(pool, table)
+    assert all(is_run(t) for t in tables)
+    assert len({b for t in tables for b in t}) == 8 * 56
 
 
 def test_shared_blocks_return_only_when_every_reader_released_them():
@@ -26,22 +36,28 @@ def test_shared_blocks_return_only_when_every_reader_released_them():
     assert pool.num_free == 4
 
 
-def test_running_out_raises_and_released_blocks_are_reused_lowest_first():
-    pool = BlockPool(3)
-    blocks = [pool.allocate() for _ in range(3)]
+def test_running_out_raises_and_every_block_can_be_handed_out():
+    pool = BlockPool(5)
+    blocks = {pool.allocate() for _ in range(5)}
+    assert blocks == set(range(5))
     with pytest.raises(OutOfBlocks):
         pool.allocate()
-    pool.release(blocks[2])
-    pool.release(blocks[0])
-    assert pool.allocate() == 0
-    assert pool.allocate() == 2
+    pool.release(3)
+    assert pool.allocate(after=0) == 3  # 1 is taken; the only free block is found
 
 
-def test_many_cycles_keep_the_free_list_exact():
-    pool = BlockPool(8)
-    for round_ in range(200):
-        taken = [pool.allocate(after=(round_ % 8) - 1) for _ in range(5)]
-        assert len(set(taken)) == 5
-        for block in taken:
+def test_many_cycles_leave_the_pool_whole():
+    pool = BlockPool(64)
+    tables: list[list[int]] = []
+    for round_ in range(300):
+        table: list[int] = []
+        for _ in range(round_ % 7 + 1):
+            grow(pool, table)
+        tables.append(table)
+        if len(tables) > 5:
+            for block in tables.pop(0):
+                pool.release(block)
+    for table in tables:
+        for block in table:
             pool.release(block)
-    assert pool.num_free == 8 and len(pool._heap) <= 16
+    assert pool.num_free == 64 and all(c == 0 for c in pool.ref_counts)
