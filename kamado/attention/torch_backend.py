@@ -10,18 +10,31 @@ import torch.nn.functional as F
 from kamado.attention.backend import SeqChunk
 from kamado.kv.cache import KVCache
 
+# Single-token decodes of a step run as one padded batch while their padded K/V stays
+# this small (in slots); past it, each sequence reads its own K/V as a view, uncopied.
+BATCHED_DECODE_MAX_SLOTS = 32768
+# Chunks of up to this many queries use plain matmuls: on CPU, scaled_dot_product_attention
+# takes its generic path for a few queries against a long context and is many times slower.
+MATMUL_ATTENTION_MAX_QUERIES = 16
+
+
+@dataclass
+class DecodeBatch:
+    """Decodes attended together: their rows in the step, their slots padded to one length."""
+
+    rows: torch.Tensor  # [B] positions of the decode tokens among the step's tokens
+    slots: torch.Tensor  # [B, L] cache slots of each sequence's context, padded with 0
+    valid: torch.Tensor  # [B, L] which of those slots are real
+
 
 @dataclass
 class TorchAttentionMetadata:
-    query_lens: list[int]
     slot_mapping: torch.Tensor  # [T] cache slot of each new token
-    # Per sequence, where its K/V lives: a start slot when its blocks are one contiguous
-    # run (read as a view, no copy), else the tensor of its slots (gathered).
-    kv_slots: list[int | torch.Tensor]
-    context_lens: list[int]
-    # Per sequence: None (plain causal from the first key, or a single query) or a bool mask.
-    masks: list[torch.Tensor | None]
-    causal: list[bool]
+    decodes: DecodeBatch | None
+    # The sequences attended one by one: (first row, query_len, context_len, where, mask,
+    # causal). `where` is a start slot when the blocks form one contiguous run (read as a
+    # view), else the tensor of slots (gathered); mask is None for plain causal attention.
+    singles: list[tuple[int, int, int, int | torch.Tensor, torch.Tensor | None, bool]]
 
 
 class TorchAttention:
@@ -31,33 +44,56 @@ class TorchAttention:
 
     def build_metadata(self, chunks: list[SeqChunk], block_size: int) -> TorchAttentionMetadata:
         slot_mapping: list[int] = []
-        kv_slots: list[int | torch.Tensor] = []
-        masks: list[torch.Tensor | None] = []
-        causal: list[bool] = []
+        block_lists: list[list[int]] = []
+        rows = [0]
         for chunk in chunks:
-            n_blocks = -(-chunk.context_len // block_size)
-            blocks = chunk.block_table[:n_blocks]
-            start = chunk.context_len - chunk.query_len
-            for pos in range(start, chunk.context_len):
+            blocks = chunk.block_table[: -(-chunk.context_len // block_size)]
+            block_lists.append(blocks)
+            for pos in range(chunk.context_len - chunk.query_len, chunk.context_len):
                 slot_mapping.append(blocks[pos // block_size] * block_size + pos % block_size)
-            if blocks == list(range(blocks[0], blocks[0] + n_blocks)):
-                kv_slots.append(blocks[0] * block_size)
-            else:
-                table = torch.tensor(blocks, device=self.device)
-                offsets = torch.arange(block_size, device=self.device)
-                slots = (table[:, None] * block_size + offsets).flatten()
-                kv_slots.append(slots[: chunk.context_len])
-            mask, is_causal = self._mask(chunk.query_len, chunk.context_len)
-            masks.append(mask)
-            causal.append(is_causal)
-        return TorchAttentionMetadata(
-            query_lens=[c.query_len for c in chunks],
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=self.device),
-            kv_slots=kv_slots,
-            context_lens=[c.context_len for c in chunks],
-            masks=masks,
-            causal=causal,
+            rows.append(rows[-1] + chunk.query_len)
+        plain_decodes = [
+            i
+            for i, c in enumerate(chunks)
+            if c.query_len == 1 and self._mask(1, c.context_len)[0] is None
+        ]
+        longest = max((chunks[i].context_len for i in plain_decodes), default=0)
+        batch_decodes = (
+            len(plain_decodes) > 1 and len(plain_decodes) * longest <= BATCHED_DECODE_MAX_SLOTS
         )
+        singles = []
+        for i, chunk in enumerate(chunks):
+            if batch_decodes and i in plain_decodes:
+                continue
+            blocks = block_lists[i]
+            if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+                where: int | torch.Tensor = blocks[0] * block_size
+            else:
+                where = self._slots(blocks, chunk.context_len, block_size)
+            mask, causal = self._mask(chunk.query_len, chunk.context_len)
+            singles.append((rows[i], chunk.query_len, chunk.context_len, where, mask, causal))
+        decodes = None
+        if batch_decodes:
+            slots = torch.zeros(len(plain_decodes), longest, dtype=torch.long, device=self.device)
+            for b, i in enumerate(plain_decodes):
+                ctx = chunks[i].context_len
+                slots[b, :ctx] = self._slots(block_lists[i], ctx, block_size)
+            lengths = torch.tensor([chunks[i].context_len for i in plain_decodes])
+            decodes = DecodeBatch(
+                rows=torch.tensor([rows[i] for i in plain_decodes], device=self.device),
+                slots=slots,
+                valid=(torch.arange(longest)[None, :] < lengths[:, None]).to(self.device),
+            )
+        return TorchAttentionMetadata(
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=self.device),
+            decodes=decodes,
+            singles=singles,
+        )
+
+    def _slots(self, blocks: list[int], context_len: int, block_size: int) -> torch.Tensor:
+        table = torch.tensor(blocks, device=self.device)
+        offsets = torch.arange(block_size, device=self.device)
+        return (table[:, None] * block_size + offsets).flatten()[:context_len]
 
     def _mask(self, q_len: int, ctx: int) -> tuple[torch.Tensor | None, bool]:
         window = self.sliding_window
@@ -87,40 +123,53 @@ class TorchAttention:
         k_cache.index_copy_(0, metadata.slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, metadata.slot_mapping, v.to(v_cache.dtype))
         out = torch.empty_like(q)
-        start = 0
-        for i, q_len in enumerate(metadata.query_lens):
-            where = metadata.kv_slots[i]
-            ctx = metadata.context_lens[i]
+        if (d := metadata.decodes) is not None:
+            out[d.rows] = matmul_attention(
+                q[d.rows, None], k_cache[d.slots], v_cache[d.slots], d.valid[:, None, :]
+            )[:, 0]
+        for row, q_len, ctx, where, mask, causal in metadata.singles:
             if isinstance(where, int):
                 keys, values = k_cache[where : where + ctx], v_cache[where : where + ctx]
             else:
                 keys, values = k_cache[where], v_cache[where]
-            q_seq = q[start : start + q_len]
-            if q_len == 1 and metadata.masks[i] is None:
-                out[start] = _decode_attention(q_seq[0], keys, values)
-            else:
-                # [len, heads, dim] -> [heads, len, dim]; kv heads are shared by query groups.
-                out[start : start + q_len] = F.scaled_dot_product_attention(
-                    q_seq.transpose(0, 1),
-                    keys.transpose(0, 1).to(q.dtype),
-                    values.transpose(0, 1).to(q.dtype),
-                    attn_mask=metadata.masks[i],
-                    is_causal=metadata.causal[i],
-                    enable_gqa=True,
-                ).transpose(0, 1)
-            start += q_len
+            q_seq = q[row : row + q_len]
+            if q_len <= MATMUL_ATTENTION_MAX_QUERIES:
+                if causal:  # a short prompt attended as a whole: spell out its causal mask
+                    mask = torch.ones(q_len, ctx, dtype=torch.bool, device=q.device).tril()
+                out[row : row + q_len] = matmul_attention(
+                    q_seq[None], keys[None], values[None], None if mask is None else mask[None]
+                )[0]
+                continue
+            # [len, heads, dim] -> [heads, len, dim]; kv heads are shared by query groups.
+            out[row : row + q_len] = F.scaled_dot_product_attention(
+                q_seq.transpose(0, 1),
+                keys.transpose(0, 1).to(q.dtype),
+                values.transpose(0, 1).to(q.dtype),
+                attn_mask=mask,
+                is_causal=causal,
+                enable_gqa=True,
+            ).transpose(0, 1)
         return out
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """One query token over its whole context: q [heads, dim], keys/values [ctx, kv_heads, dim].
-
-    Plain batched matmuls per kv head; on CPU this is an order of magnitude faster than
-    scaled_dot_product_attention, which falls back to its generic path for one query.
-    """
-    num_heads, dim = q.shape
-    num_kv_heads = keys.shape[1]
-    grouped = q.view(num_kv_heads, num_heads // num_kv_heads, dim)
-    scores = torch.matmul(grouped, keys.permute(1, 2, 0).to(q.dtype)).float() * dim**-0.5
+def matmul_attention(
+    q: torch.Tensor,  # [B, Q, heads, dim]
+    keys: torch.Tensor,  # [B, L, kv_heads, dim]
+    values: torch.Tensor,
+    mask: torch.Tensor | None = None,  # [B, Q, L], True where a query may attend
+) -> torch.Tensor:  # [B, Q, heads, dim]
+    """Attention as plain batched matmuls, the queries of each kv head's group side by side."""
+    batch, n_q, num_heads, dim = q.shape
+    num_kv_heads = keys.shape[2]
+    group = num_heads // num_kv_heads
+    grouped = q.view(batch, n_q, num_kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+    grouped = grouped.reshape(batch, num_kv_heads, group * n_q, dim)
+    scores = torch.matmul(grouped, keys.permute(0, 2, 3, 1).to(q.dtype)).float() * dim**-0.5
+    if mask is not None:
+        scores = scores.view(batch, num_kv_heads, group, n_q, -1)
+        scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+        scores = scores.view(batch, num_kv_heads, group * n_q, -1)
     probs = torch.softmax(scores, dim=-1).to(q.dtype)
-    return torch.matmul(probs, values.transpose(0, 1).to(q.dtype)).view(num_heads, dim)
+    out = torch.matmul(probs, values.permute(0, 2, 1, 3).to(q.dtype))
+    out = out.view(batch, num_kv_heads, group, n_q, dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(batch, n_q, num_heads, dim)
