@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from kamado.attention.backend import SeqChunk
 from kamado.kv.cache import KVCache
 
-# Single-token decodes of a step run as one padded batch while their padded K/V stays
-# this small (in slots); past it, each sequence reads its own K/V as a view, uncopied.
-BATCHED_DECODE_MAX_SLOTS = 32768
+# Single-token decodes with contexts up to this long run as one padded batch (their K/V
+# gathered); a longer one reads its own K/V as a view, uncopied, and pads nobody else.
+BATCHED_DECODE_MAX_CONTEXT = 512
 # Chunks of up to this many queries use plain matmuls: on CPU, scaled_dot_product_attention
 # takes its generic path for a few queries against a long context and is many times slower.
 MATMUL_ATTENTION_MAX_QUERIES = 16
@@ -55,12 +55,12 @@ class TorchAttention:
         plain_decodes = [
             i
             for i, c in enumerate(chunks)
-            if c.query_len == 1 and self._mask(1, c.context_len)[0] is None
+            if c.query_len == 1
+            and c.context_len <= BATCHED_DECODE_MAX_CONTEXT
+            and self._mask(1, c.context_len)[0] is None
         ]
         longest = max((chunks[i].context_len for i in plain_decodes), default=0)
-        batch_decodes = (
-            len(plain_decodes) > 1 and len(plain_decodes) * longest <= BATCHED_DECODE_MAX_SLOTS
-        )
+        batch_decodes = len(plain_decodes) > 1
         singles = []
         for i, chunk in enumerate(chunks):
             if batch_decodes and i in plain_decodes:
