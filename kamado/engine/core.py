@@ -111,6 +111,10 @@ class EngineCore:
                     for child in seq.pending_forks:
                         self.scheduler.add(child)
                     seq.pending_forks = []
+        self._forget_if_done(request_id)
+
+    def _forget_if_done(self, request_id: str) -> None:
+        seqs = self._requests.get(request_id, [])
         if all(s.status is Status.FINISHED for s in seqs):
             self._requests.pop(request_id, None)
 
@@ -147,8 +151,7 @@ class EngineCore:
         reason = self._finish_reason(seq, token)
         if reason is not None:
             self.scheduler.finish(seq, reason)
-            if all(s.status is Status.FINISHED for s in self._requests[seq.request_id]):
-                del self._requests[seq.request_id]
+            self._forget_if_done(seq.request_id)
         return TokenDelta(
             request_id=seq.request_id,
             index=seq.index,
@@ -192,12 +195,8 @@ class EngineCore:
 
     def _update_stats(self, num_prefill: int, num_generated: int, seconds: float) -> None:
         s = self.stats
-        s.num_waiting = len(self.scheduler.waiting)
-        s.num_running = len(self.scheduler.running)
-        s.kv_blocks_used = self.pool.num_used
         s.prompt_tokens_total += num_prefill
         s.generation_tokens_total += num_generated
-        s.num_preemptions = self.scheduler.num_preemptions
         s.steps += 1
         s.last_step_seconds = seconds
 
@@ -207,4 +206,5 @@ class EngineCore:
         s.num_waiting = len(self.scheduler.waiting)
         s.num_running = len(self.scheduler.running)
         s.kv_blocks_used = self.pool.num_used
+        s.num_preemptions = self.scheduler.num_preemptions
         return EngineStats(**vars(s))

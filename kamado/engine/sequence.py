@@ -30,7 +30,6 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     # Choices 1..n-1 of a request wait here until choice 0 has prefilled the shared prompt.
     pending_forks: list[Sequence] = field(default_factory=list)
-    num_emitted: int = 0  # output tokens already handed to the caller
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -45,17 +44,9 @@ class Sequence:
         return len(self.prompt_token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
-    @property
     def num_output_tokens(self) -> int:
         return self.num_tokens - self.num_prompt_tokens
 
     @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed
-
-    @property
-    def is_decoding(self) -> bool:
-        return self.num_uncomputed == 1 and self.num_output_tokens > 0
