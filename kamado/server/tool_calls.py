@@ -38,9 +38,11 @@ class CallEvent:
 Event = TextEvent | CallEvent
 
 
-def _json_object_end(s: str) -> int | None:
-    """Index just past the JSON object starting at s[0] == "{", or None while it is open."""
-    depth, in_str, esc = 0, False, False
+def _brackets(s: str) -> tuple[list[tuple[int, str]], bool]:
+    """The brackets of JSON text `s` that stand outside strings, with their indices, and
+    whether `s` ends inside a string."""
+    found: list[tuple[int, str]] = []
+    in_str, esc = False, False
     for i, ch in enumerate(s):
         if in_str:
             if esc:
@@ -51,12 +53,18 @@ def _json_object_end(s: str) -> int | None:
                 in_str = False
         elif ch == '"':
             in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+        elif ch in "{[]}":
+            found.append((i, ch))
+    return found, in_str
+
+
+def _json_object_end(s: str) -> int | None:
+    """Index just past the JSON object starting at s[0] == "{", or None while it is open."""
+    depth = 0
+    for i, ch in _brackets(s)[0]:
+        depth += 1 if ch in "{[" else -1
+        if depth == 0:
+            return i + 1
     return None
 
 
@@ -66,20 +74,12 @@ def _close_json(s: str) -> str | None:
     Small models steered into a call often stop one `}` short: `{"name": "f", "arguments":
     {"x": 1}` then end of text. Closing what is open is unambiguous there.
     """
-    stack, in_str, esc = [], False, False
-    for ch in s:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "{[":
+    brackets, in_str = _brackets(s)
+    stack: list[str] = []
+    for _, ch in brackets:
+        if ch in "{[":
             stack.append("}" if ch == "{" else "]")
-        elif ch in "}]" and (not stack or stack.pop() != ch):
+        elif not stack or stack.pop() != ch:
             return None
     if in_str or not stack:
         return None
