@@ -1,9 +1,12 @@
 """Do decoding streams keep their pace while a long prompt is prefilled beside them?
 
-Three streams decode; after a baseline window a long prompt arrives. We record every
-inter-token gap of the streams until the long prompt has its first token, and report the
-worst gap as a multiple of the median baseline gap. The same run is repeated without
-pacing (chunked prefill at the full token budget, as general-purpose schedulers do).
+Three streams decode alone for a while, then a long prompt arrives; once it has its
+first token the streams decode alone again. Every inter-token gap of the streams is
+compared with their normal gap at the same context length: a stream's own steps slow
+down as its context grows, and a paced prefill takes thousands of steps, so the median
+gap alone before the prompt and the median gap alone after it are joined by a straight
+line in the streams' context length. The same run is repeated without pacing (chunked
+prefill at the full token budget, as general-purpose schedulers do).
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
 
 STREAMS = 3
-BASELINE_STEPS = 100
+STREAM_PROMPT = 64
+ALONE_STEPS = 100  # steps of the streams alone, before and after the long prompt
+
+
+@dataclass
+class Gap:
+    seconds: float
+    context: int  # the stream's length in tokens when its token arrived
 
 
 @dataclass
@@ -26,56 +36,98 @@ class Fairness:
     scheduler: str
     model: str
     prompt_len: int
-    baseline_gap_ms: float  # median gap of the streams alone
-    baseline_worst_gap_ms: float  # the machine's own jitter: worst gap of the streams alone
+    gap_before_ms: float  # median gap of the streams alone, before the prompt
+    gap_after_ms: float  # ... and after it, at their longer context
+    context_before: float
+    context_after: float
+    alone_worst_ratio: float  # the machine's own jitter: worst gap alone / normal gap
     worst_gap_ms: float
-    p99_gap_ms: float
-    worst_over_baseline: float
+    worst_ratio: float  # worst gap beside the prompt / normal gap: the target figure
+    p99_ratio: float
+    median_ratio: float
+    num_gaps: int
     prefill_seconds: float
 
 
-def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fairness:
-    vocab = engine.model_config.vocab_size
-    stream = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
-    for i, prompt in enumerate(random_prompts(STREAMS, 64, vocab, seed=1)):
-        engine.add_request(f"stream-{i}", prompt, stream)
-    last: dict[str, float] = {}
-    gaps: list[float] = []
+class Streams:
+    """Decoding streams in an engine, with every gap between their tokens recorded."""
 
-    def step() -> set[str]:
-        deltas = engine.step()
+    def __init__(self, engine: EngineCore) -> None:
+        self.engine = engine
+        vocab = engine.model_config.vocab_size
+        params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
+        for i, prompt in enumerate(random_prompts(STREAMS, STREAM_PROMPT, vocab, seed=1)):
+            engine.add_request(f"stream-{i}", prompt, params)
+        self.last: dict[str, float] = {}
+        self.length = {f"stream-{i}": STREAM_PROMPT for i in range(STREAMS)}
+        self.gaps: list[Gap] = []
+        while len(self.last) < STREAMS:  # prefill the streams
+            self.step()
+
+    def step(self) -> set[str]:
+        """One engine step; returns the ids of the requests that got a token."""
+        deltas = self.engine.step()
         now = time.perf_counter()
         for d in deltas:
-            if d.request_id.startswith("stream") and d.request_id in last:
-                gaps.append(now - last[d.request_id])
-            last[d.request_id] = now
+            if d.request_id in self.length:
+                self.length[d.request_id] += 1
+                if d.request_id in self.last:
+                    self.gaps.append(Gap(now - self.last[d.request_id], self.length[d.request_id]))
+                self.last[d.request_id] = now
         return {d.request_id for d in deltas}
 
-    while len(last) < STREAMS:  # prefill the streams
-        step()
-    for _ in range(BASELINE_STEPS):
-        step()
-    baseline, baseline_worst = statistics.median(gaps), max(gaps)
-    gaps.clear()
-    long_prompt = random_prompts(1, prompt_len, vocab, seed=2)[0]
+    def alone(self, steps: int) -> list[Gap]:
+        start = len(self.gaps)
+        for _ in range(steps):
+            self.step()
+        return self.gaps[start:]
+
+    def close(self) -> None:
+        for request_id in self.length:
+            self.engine.abort(request_id)
+
+
+def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fairness:
+    streams = Streams(engine)
+    before = streams.alone(ALONE_STEPS)
+    long_prompt = random_prompts(1, prompt_len, engine.model_config.vocab_size, seed=2)[0]
     engine.add_request("long", long_prompt, SamplingParams(temperature=0.0, max_tokens=1))
-    started = time.perf_counter()
-    while "long" not in step():
+    start, started = len(streams.gaps), time.perf_counter()
+    while "long" not in streams.step():
         pass
     prefill_seconds = time.perf_counter() - started
-    for i in range(STREAMS):
-        engine.abort(f"stream-{i}")
-    gaps.sort()
+    beside = streams.gaps[start:]
+    after = streams.alone(ALONE_STEPS)
+    streams.close()
+
+    def median(gaps: list[Gap]) -> tuple[float, float]:
+        return (
+            statistics.median(g.context for g in gaps),
+            statistics.median(g.seconds for g in gaps),
+        )
+
+    (x0, y0), (x1, y1) = median(before), median(after)
+
+    def ratio(gap: Gap) -> float:
+        normal = y0 + (y1 - y0) * (gap.context - x0) / (x1 - x0)
+        return gap.seconds / normal
+
+    ratios = sorted(ratio(g) for g in beside)
     return Fairness(
-        label,
-        model,
-        prompt_len,
-        baseline * 1e3,
-        baseline_worst * 1e3,
-        gaps[-1] * 1e3,
-        gaps[int(0.99 * (len(gaps) - 1))] * 1e3,
-        gaps[-1] / baseline,
-        prefill_seconds,
+        scheduler=label,
+        model=model,
+        prompt_len=prompt_len,
+        gap_before_ms=y0 * 1e3,
+        gap_after_ms=y1 * 1e3,
+        context_before=x0,
+        context_after=x1,
+        alone_worst_ratio=max(ratio(g) for g in before + after),
+        worst_gap_ms=max(g.seconds for g in beside) * 1e3,
+        worst_ratio=ratios[-1],
+        p99_ratio=ratios[int(0.99 * (len(ratios) - 1))],
+        median_ratio=statistics.median(ratios),
+        num_gaps=len(ratios),
+        prefill_seconds=prefill_seconds,
     )
 
 
@@ -86,15 +138,18 @@ def run_fairness(model: str, dtype: str, prompt_len: int, compare: bool = True) 
         unpaced = EngineConfig(model=model, dtype=dtype, decode_stall_factor=float("inf"))
         configs.append(("unpaced chunked prefill", unpaced))
     for label, config in configs:
-        config.max_model_len = prompt_len + 1024
+        # Each step carries at least one prompt token, so the streams grow by at most
+        # about the prompt's length while it is prefilled.
+        config.max_model_len = 2 * prompt_len + 1024
         engine = EngineCore(config)
         r = measure(engine, model, label, prompt_len)
         print(
-            f"{label:24s} {model}: {prompt_len}-token prompt beside {STREAMS} streams: "
-            f"baseline gap {r.baseline_gap_ms:.1f} ms (worst alone {r.baseline_worst_gap_ms:.1f}), "
-            f"worst beside the prompt {r.worst_gap_ms:.1f} ms ({r.worst_over_baseline:.2f}x), "
-            f"p99 {r.p99_gap_ms:.1f} ms ({r.p99_gap_ms / r.baseline_gap_ms:.2f}x), "
-            f"prefill took {r.prefill_seconds:.1f} s",
+            f"{label:24s} {model}: {prompt_len}-token prompt beside {STREAMS} streams "
+            f"(normal gap {r.gap_before_ms:.1f} ms at {r.context_before:.0f} tokens, "
+            f"{r.gap_after_ms:.1f} ms at {r.context_after:.0f}; alone, the worst gap is "
+            f"{r.alone_worst_ratio:.2f}x normal): worst gap beside the prompt "
+            f"{r.worst_gap_ms:.1f} ms = {r.worst_ratio:.2f}x normal, p99 {r.p99_ratio:.2f}x, "
+            f"median {r.median_ratio:.2f}x; prefill took {r.prefill_seconds:.1f} s",
             flush=True,
         )
         results.append(asdict(r))

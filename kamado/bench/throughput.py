@@ -60,34 +60,46 @@ def kamado_throughput(
     )
 
 
+class _FirstTokenClock:
+    """A `generate` streamer noting when the first new tokens arrive (the end of prefill):
+    one call then times prefill and decode apart."""
+
+    def __init__(self) -> None:
+        self.puts: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:  # the prompt first, then each new token
+        self.puts.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
 def transformers_throughput(
     reference: torch.nn.Module, model: str, batch: int, prompt_len: int, gen_len: int, vocab: int
 ) -> Throughput:
     ids = torch.tensor(random_prompts(batch, prompt_len, vocab))
-
-    def generate(n: int) -> float:
-        started = time.perf_counter()
-        with torch.inference_mode():
-            reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        return time.perf_counter() - started
-
-    prefill = generate(1)
-    full = generate(gen_len)
+    clock = _FirstTokenClock()
+    started = time.perf_counter()
+    with torch.inference_mode():
+        reference.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=gen_len,
+            min_new_tokens=gen_len,
+            do_sample=False,
+            pad_token_id=0,
+            streamer=clock,
+        )
+    done = time.perf_counter()
+    prefilled_at = clock.puts[1]
     return Throughput(
         "transformers",
         model,
         batch,
         prompt_len,
         gen_len,
-        batch * prompt_len / prefill,
-        batch * (gen_len - 1) / (full - prefill),
+        batch * prompt_len / (prefilled_at - started),
+        batch * (gen_len - 1) / (done - prefilled_at),
     )
 
 

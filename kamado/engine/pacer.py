@@ -2,24 +2,31 @@
 
 A step that carries decodes and a prefill chunk may take at most `factor` times a
 decode-only step. The pacer measures both from real steps: the decode-only step time,
-and the marginal cost of each prefill token beside it (which grows with context).
+and what a chunk adds to it. That extra time is modelled as a fixed part (a chunk makes
+every matmul taller and adds its own attention calls, whatever its size) plus a part per
+token (which grows with the context the chunk attends to), fitted over recent steps. The
+next chunk is sized so the fitted cost plus the fit's typical error stays in the slack.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 
 class PrefillPacer:
     REMEASURE_EVERY = 64  # mixed steps between fresh decode-only measurements
+    WINDOW = 32  # recent mixed steps the cost model is fitted on
     MIN_CHUNK = 1  # progress is guaranteed even when one token already costs too much
+    MAX_GROWTH = 2  # a chunk is at most twice the largest one measured: no wild extrapolation
     EMA = 0.3
 
     def __init__(self, factor: float, max_tokens: int) -> None:
         self.factor = factor
         self.max_tokens = max_tokens
         self.decode_step_s: float | None = None
-        self.per_token_s: float | None = None
+        self._mixed: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)  # (tokens, extra s)
         self._mixed_since_measure = 0
 
     def prefill_limit(self, num_decodes: int) -> int:
@@ -28,21 +35,40 @@ class PrefillPacer:
             return self.max_tokens
         if self.decode_step_s is None or self._mixed_since_measure >= self.REMEASURE_EVERY:
             return 0  # take one decode-only step to learn what a normal gap is
-        if self.per_token_s is None:
+        if not self._mixed:
             return self.MIN_CHUNK
+        fixed, per_token, error = self.cost_model()
         slack = (self.factor - 1.0) * self.decode_step_s
-        return max(self.MIN_CHUNK, min(self.max_tokens, int(slack / self.per_token_s)))
+        fits = int((slack - fixed - error) / per_token)
+        largest = max(tokens for tokens, _ in self._mixed)
+        return max(self.MIN_CHUNK, min(self.max_tokens, fits, self.MAX_GROWTH * largest))
+
+    def cost_model(self) -> tuple[float, float, float]:
+        """(fixed s, s per token, typical error s) of the time a chunk adds to a step."""
+        tokens = [t for t, _ in self._mixed]
+        extra = [e for _, e in self._mixed]
+        mean_t, mean_e = statistics.fmean(tokens), statistics.fmean(extra)
+        spread = sum((t - mean_t) ** 2 for t in tokens)
+        fixed, per_token = 0.0, mean_e / mean_t
+        if spread > 0:
+            slope = sum((t - mean_t) * (e - mean_e) for t, e in self._mixed) / spread
+            intercept = mean_e - slope * mean_t
+            if slope > 0 and intercept >= 0:  # else noise hides the shape: use the average
+                fixed, per_token = intercept, slope
+        per_token = max(per_token, 1e-6)
+        residuals = [e - fixed - per_token * t for t, e in self._mixed]
+        error = statistics.pstdev(residuals) if len(residuals) > 1 else 0.0
+        return fixed, per_token, error
 
     def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
-        if num_decodes and not num_prefill_tokens:
+        if not num_decodes:
+            return  # a step without decodes says nothing about a decode's pace
+        if not num_prefill_tokens:
             self.decode_step_s = self._ema(self.decode_step_s, seconds)
             self._mixed_since_measure = 0
-        elif num_decodes and num_prefill_tokens and self.decode_step_s is not None:
-            marginal = max(seconds - self.decode_step_s, 0.0) / num_prefill_tokens
-            self.per_token_s = self._ema(self.per_token_s, marginal)
+        elif self.decode_step_s is not None:
+            self._mixed.append((num_prefill_tokens, max(seconds - self.decode_step_s, 0.0)))
             self._mixed_since_measure += 1
-        elif num_prefill_tokens and self.per_token_s is None:
-            self.per_token_s = seconds / num_prefill_tokens  # a first, pessimistic guess
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.EMA) * old + self.EMA * new

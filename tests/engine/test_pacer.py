@@ -1,5 +1,7 @@
 """Prefill pacing: chunks sized from measured step times to keep decodes at pace."""
 
+import pytest
+
 from kamado.engine.pacer import PrefillPacer
 
 
@@ -41,3 +43,29 @@ def test_the_decode_gap_is_measured_again_now_and_then():
 
 def test_unbounded_factor_turns_pacing_off():
     assert PrefillPacer(float("inf"), 512).prefill_limit(num_decodes=8) == 512
+
+
+def test_fits_a_fixed_cost_per_chunk_and_a_cost_per_token():
+    pacer = PrefillPacer(1.5, 2048)
+    pacer.observe(3, 0, 0.100)
+    for tokens in (4, 8, 12, 16):  # a chunk costs 10 ms just for being there, 1 ms a token
+        pacer.observe(3, tokens, 0.100 + 0.010 + 0.001 * tokens)
+    fixed, per_token, error = pacer.cost_model()
+    assert (fixed, per_token) == (pytest.approx(0.010), pytest.approx(0.001))
+    assert error == pytest.approx(0.0, abs=1e-9)
+    # 50 ms of slack: 10 ms fixed leaves 40 ms, 40 tokens; capped at twice the largest seen.
+    assert pacer.prefill_limit(3) == 32
+
+
+def test_noisy_steps_make_the_pacer_more_careful():
+    def limit_after(noise: float) -> int:
+        pacer = PrefillPacer(1.2, 2048)
+        pacer.observe(3, 0, 0.100)
+        for i, tokens in enumerate((10, 12, 14, 16) * 4):
+            pacer.observe(3, tokens, 0.100 + 0.001 * tokens + (noise if (i // 4) % 2 else -noise))
+        return pacer.prefill_limit(3)
+
+    # 20 ms of slack at 1 ms a token; steps 5 ms off either way leave 15 ms to plan with.
+    clean, noisy = limit_after(0.0), limit_after(0.005)
+    assert clean == pytest.approx(20, abs=1)
+    assert noisy == pytest.approx(clean - 5, abs=1)

@@ -1,0 +1,37 @@
+"""`kamado bench` runs end to end and keeps what it measured (timings are not asserted)."""
+
+import json
+
+from kamado.cli import main
+
+TINY = "synthetic:tiny-qwen2"
+
+
+def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
+    out = tmp_path / "fairness.json"
+    assert (
+        main(["bench", "--fairness", "--model", TINY, "--prompt-len", "300", "--out", str(out)])
+        == 0
+    )
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "fairness"
+    paced, unpaced = record["results"]
+    assert (paced["scheduler"], unpaced["scheduler"]) == (
+        "kamado (paced)",
+        "unpaced chunked prefill",
+    )
+    for r in (paced, unpaced):
+        assert r["num_gaps"] > 0 and r["worst_ratio"] >= r["p99_ratio"] >= r["median_ratio"] > 0
+        assert r["context_after"] > r["context_before"]  # the streams kept decoding throughout
+    # Unpaced, 300 tokens fit in one step; paced, a prompt takes many steps beside the streams.
+    assert paced["num_gaps"] > unpaced["num_gaps"]
+
+
+def test_throughput_bench_runs_beside_transformers(tmp_path):
+    out = tmp_path / "throughput.json"
+    args = ["bench", "--model", TINY, "--prompt-len", "16", "--gen-len", "4", "--out", str(out)]
+    assert main(args) == 0
+    results = json.loads(out.read_text())["results"]
+    engines = {(r["engine"], r["batch"]) for r in results}
+    assert engines == {("kamado", 1), ("kamado", 8), ("transformers", 1), ("transformers", 8)}
+    assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in results)
