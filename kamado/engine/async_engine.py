@@ -79,9 +79,14 @@ class AsyncEngine:
     # ---- requests -------------------------------------------------------------------
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        continue_from: dict[int, list[int]] | None = None,
     ) -> AsyncIterator[TokenDelta]:
-        """Yield the request's deltas (all choices) until every choice has finished.
+        """Yield the request's deltas (all choices, or those in `continue_from`: see
+        EngineCore.add_request) until every one of them has finished.
 
         Leaving the loop early (client gone, task cancelled) aborts the request.
         """
@@ -89,10 +94,11 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
+        expected = params.n if continue_from is None else len(continue_from)
         finished: set[int] = set()
         try:
-            self._send(("add", request_id, prompt_token_ids, params))
-            while len(finished) < params.n:
+            self._send(("add", request_id, prompt_token_ids, params, continue_from))
+            while len(finished) < expected:
                 item = await queue.get()
                 if isinstance(item, Exception):
                     raise item
@@ -103,7 +109,7 @@ class AsyncEngine:
                 yield item
         finally:
             self._queues.pop(request_id, None)
-            if len(finished) < params.n and self._alive:
+            if len(finished) < expected and self._alive:
                 self._send(("abort", request_id, None))
 
     async def abort(self, request_id: str, index: int | None = None) -> None:

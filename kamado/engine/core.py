@@ -74,19 +74,61 @@ class EngineCore:
     # ---- requests -------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        continue_from: dict[int, list[int]] | None = None,
     ) -> None:
+        """Queue a request. `continue_from` maps choices of a request begun on an engine that
+        was lost to the tokens they had generated: only those choices run, each from there."""
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already running")
         self._check_prompt(prompt_token_ids)
-        seqs = []
-        for index in range(params.n):
-            self._arrivals += 1
-            seqs.append(Sequence(request_id, index, list(prompt_token_ids), params, self._arrivals))
-        # Choice 0 prefills the prompt once; the others fork from it (sharing its KV).
-        seqs[0].pending_forks = seqs[1:]
+        if continue_from is not None:
+            self._check_continuation(prompt_token_ids, params, continue_from)
+            seqs = [
+                self._new_sequence(request_id, index, prompt_token_ids, params, outputs)
+                for index, outputs in sorted(continue_from.items())
+            ]
+            for seq in seqs:
+                self.scheduler.add(seq)
+        else:
+            seqs = [
+                self._new_sequence(request_id, index, prompt_token_ids, params, [])
+                for index in range(params.n)
+            ]
+            # Choice 0 prefills the prompt once; the others fork from it (sharing its KV).
+            seqs[0].pending_forks = seqs[1:]
+            self.scheduler.add(seqs[0])
         self._requests[request_id] = seqs
-        self.scheduler.add(seqs[0])
+
+    def _new_sequence(
+        self,
+        request_id: str,
+        index: int,
+        prompt: list[int],
+        params: SamplingParams,
+        outputs: list[int],
+    ) -> Sequence:
+        self._arrivals += 1
+        seq = Sequence(request_id, index, list(prompt), params, self._arrivals)
+        seq.token_ids.extend(outputs)
+        return seq
+
+    def _check_continuation(
+        self, prompt: list[int], params: SamplingParams, continue_from: dict[int, list[int]]
+    ) -> None:
+        vocab = self.model_config.vocab_size
+        for index, outputs in continue_from.items():
+            if not 0 <= index < params.n:
+                raise RequestError(f"choice {index} does not exist (n={params.n})")
+            if any(not 0 <= t < vocab for t in outputs):
+                raise RequestError(f"token ids must be in [0, {vocab})")
+            if params.max_tokens is not None and len(outputs) >= params.max_tokens:
+                raise RequestError(f"choice {index} already has max_tokens tokens")
+            if len(prompt) + len(outputs) >= self.max_model_len:
+                raise RequestError(f"choice {index} already fills the context")
 
     def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:

@@ -1,14 +1,15 @@
 """The engine core's own process: a plain loop of receive requests, step, send deltas.
 
-Messages in (tuples): ("add", request_id, prompt_token_ids, params), ("abort", request_id,
-index | None), ("shutdown",). Messages out: ("ready", EngineInfo) or ("failed", message)
-once at start, then ("step", deltas, stats) after each step, ("stats", stats) after
-requests change while idle, and ("rejected", request_id, message).
+Messages in (tuples): ("add", request_id, prompt_token_ids, params, continue_from),
+("abort", request_id, index | None), ("shutdown",). Messages out: ("ready", EngineInfo)
+or ("failed", message) once at start, then ("step", deltas, stats) after each step,
+("stats", stats) after requests change while idle, and ("rejected", request_id, message).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -17,6 +18,8 @@ from kamado.config import EngineConfig, ModelConfig
 from kamado.engine.core import EngineCore, RequestError
 
 IDLE_POLL_SECONDS = 1.0
+# Fault tests: when the file this names exists at a step, the step removes it and fails.
+FAULT_FILE_ENV = "KAMADO_FAULT_FILE"
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ def run_engine_process(config: EngineConfig, conn: Connection) -> None:
 
 
 def _loop(engine: EngineCore, conn: Connection) -> None:
+    fault_file = os.environ.get(FAULT_FILE_ENV)
     while True:
         changed = False
         while conn.poll(0 if engine.has_work() else IDLE_POLL_SECONDS):
@@ -66,15 +70,25 @@ def _loop(engine: EngineCore, conn: Connection) -> None:
                 return
             changed = True
             if kind == "add":
-                _, request_id, prompt, params = message
+                _, request_id, prompt, params, continue_from = message
                 try:
-                    engine.add_request(request_id, prompt, params)
+                    engine.add_request(request_id, prompt, params, continue_from)
                 except RequestError as exc:
                     conn.send(("rejected", request_id, str(exc)))
             elif kind == "abort":
                 engine.abort(message[1], message[2])
         if engine.has_work():
+            if fault_file:
+                _inject_fault(fault_file)
             deltas = engine.step()
             conn.send(("step", deltas, engine.snapshot()))
         elif changed:
             conn.send(("stats", engine.snapshot()))
+
+
+def _inject_fault(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return
+    raise RuntimeError(f"fault injected inside a step ({FAULT_FILE_ENV})")

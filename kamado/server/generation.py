@@ -1,19 +1,35 @@
 """One request's trip through the engine: detokenize each choice, apply stop strings, time it,
-and make sure the engine forgets it (KV freed) however the trip ends."""
+and make sure the engine forgets it (KV freed) however the trip ends.
+
+If the engine dies or is replaced after a hang, the trip goes on: once the supervisor has a
+new engine up, each unfinished choice continues there from its prompt plus the tokens it
+already had, so a client sees neither a repeated nor a missing token.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
+from kamado.engine.async_engine import EngineDeadError
 from kamado.engine.detokenizer import TextStream
-from kamado.engine.outputs import TokenLogprob
+from kamado.engine.outputs import TokenDelta, TokenLogprob
 from kamado.engine.sampling_params import SamplingParams
 from kamado.server.state import ServerState
+
+log = logging.getLogger("kamado.server")
+
+# An engine that died this many times under one request was probably killed by it.
+MAX_RESUMES = 2
+# How long a request waits for the supervisor to bring a new engine up.
+RESUME_WAIT_S = 300.0
 
 
 class GenerationError(RuntimeError):
@@ -48,11 +64,12 @@ class Generation:
         self.arrival = time.monotonic() if arrival is None else arrival
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_cached_tokens = 0
-        self.completion_tokens = [0] * params.n
+        self.output_token_ids: list[list[int]] = [[] for _ in range(params.n)]
+        self.num_resumes = 0
 
     @property
     def num_completion_tokens(self) -> int:
-        return sum(self.completion_tokens)
+        return sum(len(tokens) for tokens in self.output_token_ids)
 
     async def _abort(self) -> None:
         # Shielded: this runs while the task is being cancelled (client went away).
@@ -71,9 +88,7 @@ class Generation:
         first_token_seen = False
         outcome = "error"
         try:
-            async for delta in self.engine.generate(
-                self.request_id, self.prompt_token_ids, self.params
-            ):
+            async for delta in self._deltas(done):
                 i = delta.index
                 engine_done[i] = engine_done[i] or delta.finished
                 self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
@@ -95,7 +110,7 @@ class Generation:
                         for _ in new:
                             metrics.itl.observe(gap)
                     last_token_at[i] = now
-                    self.completion_tokens[i] += len(new)
+                    self.output_token_ids[i].extend(new)
                 stream = streams[i]
                 text = stream.add(new) if new else ""
                 finish = delta.finish_reason
@@ -124,3 +139,40 @@ class Generation:
                 await self._abort()
             metrics.e2e.observe(time.monotonic() - self.arrival)
             metrics.requests.labels(self.endpoint, outcome).inc()
+
+    async def _deltas(self, done: list[bool]) -> AsyncIterator[TokenDelta]:
+        """The engine's deltas for this request, across engine restarts: after one, the
+        choices not yet `done` continue on the new engine from the tokens they have."""
+        continue_from: dict[int, list[int]] | None = None
+        while True:
+            try:
+                async for delta in self.engine.generate(
+                    self.request_id, self.prompt_token_ids, self.params, continue_from
+                ):
+                    yield delta
+                return
+            except EngineDeadError as e:
+                if self.num_resumes == MAX_RESUMES:
+                    raise GenerationError(
+                        f"the engine failed {MAX_RESUMES + 1} times while serving this request"
+                    ) from e
+                self.num_resumes += 1
+                self.engine = await self._next_engine(self.engine)
+                continue_from = {
+                    i: list(tokens) for i, tokens in enumerate(self.output_token_ids) if not done[i]
+                }
+                self.state.metrics.resumed_requests.inc()
+                log.warning(
+                    "request %s continues on the restarted engine (%d token(s) kept)",
+                    self.request_id,
+                    sum(len(t) for t in continue_from.values()),
+                )
+
+    async def _next_engine(self, dead: Any) -> Any:
+        deadline = time.monotonic() + RESUME_WAIT_S
+        while time.monotonic() < deadline:
+            engine = self.state.engine
+            if engine is not dead and engine.stats().alive:
+                return engine
+            await asyncio.sleep(0.2)
+        raise GenerationError(f"the engine did not come back within {RESUME_WAIT_S:.0f} s")

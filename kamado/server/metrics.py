@@ -87,6 +87,17 @@ class Metrics:
             "Times the engine core was restarted after dying or hanging",
             registry=self.registry,
         )
+        self.recovery = Histogram(
+            "kamado_engine_recovery_seconds",
+            "From an engine's death or last progress before a hang to its replacement serving",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.resumed_requests = Counter(
+            "kamado_requests_resumed",
+            "Requests that continued on a restarted engine from the tokens they had",
+            registry=self.registry,
+        )
         self.rejected = Counter(
             "kamado_requests_rejected",
             "Requests refused before generation, by reason",

@@ -59,6 +59,8 @@ class ServerState:
         self.stop_token_ids: list[int] = [eos] if isinstance(eos, int) else []
         self.in_flight = 0
         self._busy_since: float | None = None
+        # Why the supervisor is replacing the engine, while it is.
+        self.recovering: str | None = None
         self.metrics = Metrics(lambda: self.engine.stats(), lambda: self.in_flight)
         self.created = int(time.time())
 
@@ -134,6 +136,8 @@ class ServerState:
             "kv_blocks_used": s.kv_blocks_used,
             "kv_blocks_total": s.kv_blocks_total,
         }
+        if self.recovering is not None:
+            return Health(False, "recovering", {**detail, "reason": self.recovering})
         if not s.alive:
             return Health(False, "engine_dead", detail)
         # A step that took long (a big prefill chunk on a CPU) will again: allow a few of them.

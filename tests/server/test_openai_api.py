@@ -241,7 +241,9 @@ def test_non_streaming_disconnect_frees_kv_blocks(smol_server):
 
 def test_usage_json_shape(smol_server):
     r = httpx.post(
-        smol_server.url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 2}
+        smol_server.url + "/v1/chat/completions",
+        json={"messages": HI, "max_tokens": 2},
+        timeout=60,
     ).json()
     assert set(r["usage"]) == {
         "prompt_tokens",
