@@ -48,11 +48,15 @@ def decode_body(raw: bytes, model: type[M]) -> M:
             code="invalid_encoding",
         ) from None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
         raise APIError(
             f"The request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}.",
             code="invalid_json",
+        ) from None
+    except RecursionError:
+        raise APIError(
+            "The request body nests arrays or objects too deeply.", code="invalid_json"
         ) from None
     if not isinstance(obj, dict):
         raise APIError(
@@ -63,3 +67,14 @@ def decode_body(raw: bytes, model: type[M]) -> M:
         return model.model_validate(obj)
     except ValidationError as e:
         raise from_validation_error(e) from None
+    except RecursionError:
+        raise APIError(
+            "The request body nests arrays or objects too deeply.", code="invalid_json"
+        ) from None
+
+
+def _reject_constant(name: str) -> None:
+    # Python's json accepts NaN and Infinity, which are not JSON and no parameter can use.
+    raise APIError(
+        f"The request body is not valid JSON: {name} is not a JSON value.", code="invalid_json"
+    )
