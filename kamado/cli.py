@@ -21,6 +21,17 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-queued", type=int, default=256, help="requests waiting before 503")
     p.add_argument(
+        "--no-prefix-cache", action="store_true", help="recompute every prompt from scratch"
+    )
+    p.add_argument(
+        "--kv-disk-dir",
+        default=None,
+        help="disk tier for evicted KV blocks (default: $KAMADO_HOME/kv-cache)",
+    )
+    p.add_argument(
+        "--kv-disk-gb", type=float, default=8.0, help="disk tier size cap in GiB (0 = off)"
+    )
+    p.add_argument(
         "--no-bare-json-tool-calls",
         action="store_true",
         help="do not turn a reply that is only a JSON tool call into tool_calls",

@@ -79,7 +79,11 @@ class AsyncEngine:
     # ---- requests -------------------------------------------------------------------
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        session: str | None = None,
     ) -> AsyncIterator[TokenDelta]:
         """Yield the request's deltas (all choices) until every choice has finished.
 
@@ -91,7 +95,7 @@ class AsyncEngine:
         self._queues[request_id] = queue
         finished: set[int] = set()
         try:
-            self._send(("add", request_id, prompt_token_ids, params))
+            self._send(("add", request_id, prompt_token_ids, params, session))
             while len(finished) < params.n:
                 item = await queue.get()
                 if isinstance(item, Exception):
