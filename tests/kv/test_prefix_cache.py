@@ -99,9 +99,7 @@ def test_n_choices_fork_from_a_cached_prefix(tiny_models):
 def test_shared_prefixes_under_preemption_give_cold_outputs(tiny_models, max_batched):
     path, _ = tiny_models["qwen3"]
     system = list(range(200, 230))
-    requests = {
-        f"r{i}": (system + [i + 1] * (3 + 5 * i), greedy(12 + 3 * i)) for i in range(6)
-    }
+    requests = {f"r{i}": (system + [i + 1] * (3 + 5 * i), greedy(12 + 3 * i)) for i in range(6)}
     alone = {}
     for request_id, request in requests.items():
         alone.update(run(make_engine(path, block_size=BS), {request_id: request}))
