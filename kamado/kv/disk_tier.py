@@ -1,14 +1,14 @@
-"""The disk tier: cached KV blocks evicted from the device, one file each, in a size-capped
-directory that outlives the process.
+"""The disk tier: cached KV blocks, one file each, in a size-capped directory that outlives
+the process, so an evicted block (or any block, after a restart) is read back, not recomputed.
 
 A file starts with a header naming what wrote it: the model fingerprint (model, dtype,
 block layout), the block's content key, and a checksum of the payload. A file from another
 model, dtype or layout is never loaded; a corrupted one is deleted when found. When the
 directory outgrows its cap, the least recently used files go first.
 
-On CPU and unified memory the device memory is host memory, so evicted blocks come here
-directly; a host-RAM tier for CUDA would sit in front of this one with the same
-store/load/contains calls.
+On CPU and unified memory the device memory is host memory, so blocks come here directly
+(there is no host-RAM copy to keep); a host-RAM tier for CUDA would sit in front of this
+one with the same store/load/contains calls.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class PrefixCache:
         # Each session's newest turn: the keys of its blocks.
         self._newest: OrderedDict[str, list[bytes]] = OrderedDict()
         if disk is not None:
-            pool.on_evict = self._spill
+            pool.on_evict = self._save
 
     def match(self, seq: Sequence) -> PrefixMatch:
         """The cached leading blocks of `seq` (nothing is taken yet)."""
@@ -109,7 +109,10 @@ class PrefixCache:
         num_full = seq.num_computed // self.block_size
         extend_keys(seq.block_keys, seq.token_ids, num_full, self.block_size)
         for b in range(num_computed_before // self.block_size, num_full):
-            self.pool.set_key(seq.block_table[b], seq.block_keys[b])
+            block, key = seq.block_table[b], seq.block_keys[b]
+            self.pool.set_key(block, key)
+            if self.disk is not None and self.pool.key_of.get(block) == key:
+                self._save(block, key)
 
     def release(self, seq: Sequence) -> None:
         """The sequence lets go of its blocks; a finished turn supersedes the session's last."""
@@ -133,8 +136,10 @@ class PrefixCache:
         if len(self._newest) > MAX_SESSIONS:
             self._newest.popitem(last=False)
 
-    def _spill(self, block: int, key: bytes) -> None:
-        """A cached block is about to be overwritten: keep its K/V on disk."""
+    def _save(self, block: int, key: bytes) -> None:
+        """Keep a block's K/V on disk: written through when the block fills (on CPU and
+        unified memory a file write is cheap, and the tier then survives a crash), and again
+        before eviction if the disk tier has dropped it meanwhile."""
         assert self.disk is not None
         if key not in self.disk:
             self.stats.disk_bytes_written += self.disk.store(key, self.cache.read_block(block))
