@@ -114,3 +114,20 @@ def test_a_restarted_server_finds_evicted_blocks_on_disk(smollm2_path, tmp_path)
         assert again.usage.prompt_tokens_details.cached_tokens > 0
         assert again.choices[0].message.content == reply
         assert metric(s, 'kamado_prefix_cache_hit_tokens_total{tier="disk"}') > 0
+
+
+def test_replaying_a_generated_trace_hits_the_cache(server, tmp_path):
+    import asyncio
+
+    from kamado.bench.replay import replay
+    from kamado.bench.trace import generate_trace, read_trace, write_trace
+
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, generate_trace(2, 900, 80, max_tokens=4, think_s=0.0, seed=1))
+    turns = read_trace(trace)
+    assert {t.agent for t in turns} == {"agent-0", "agent-1"} and len(turns) >= 6
+    summary = asyncio.run(replay(server.url + "/v1", turns))
+    assert summary["errors"] == 0, summary["error_samples"]
+    assert summary["turns"] == len(turns)
+    assert summary["prefix_hit_rate_follow_ups"] > 0.7
+    assert summary["ttft_follow_ups"]["median_s"] > 0
