@@ -115,7 +115,7 @@ class PrefixCache:
                 self._save(block, key)
 
     def release(self, seq: Sequence) -> None:
-        """The sequence lets go of its blocks; a finished turn supersedes the session's last."""
+        """The sequence lets go of its blocks; full ones stay cached, owned by its session."""
         for depth, block in enumerate(seq.block_table):
             self.pool.release(block, seq.session, depth)
         seq.block_table = []
@@ -127,6 +127,8 @@ class PrefixCache:
         if not self.enabled or seq.session is None or seq.index != 0:
             return
         chain = seq.block_keys[: seq.num_computed // self.block_size]
+        if not chain:
+            return  # ended before computing anything (e.g. aborted in the queue)
         current = set(chain)
         for key in self._newest.get(seq.session, []):
             if key not in current:
