@@ -59,6 +59,8 @@ def _server(model: str, args: list[str], log: Path, start_timeout_s: float = 600
 
 
 def compare(model: str, turns: list[TraceTurn], serve_args: list[str]) -> dict[str, Any]:
+    # A terminated run still stops the server it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results: dict[str, Any] = {}
     for name, extra in CONFIGS.items():
         with tempfile.TemporaryDirectory(prefix="kamado-replay-") as tmp:
