@@ -56,13 +56,10 @@ class DiskTier:
         # Every .kvb file in the directory (ours or another model's), least recently used first.
         self._files: OrderedDict[Path, int] = OrderedDict()
         self._ours: dict[bytes, Path] = {}
+        self.num_bytes = 0
         self.num_corrupt = 0
         self.num_removed = 0  # files deleted to stay under the cap
         self._scan()
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(self._files.values())
 
     def __len__(self) -> int:
         return len(self._ours)
@@ -82,7 +79,7 @@ class DiskTier:
                 self._discard(path)
                 continue
             fingerprint, key = header
-            self._files[path] = path.stat().st_size
+            self._add(path, path.stat().st_size)
             if fingerprint == self.fingerprint and path.name == self._name(key):
                 self._ours[key] = path
         if self.num_corrupt:
@@ -127,7 +124,7 @@ class DiskTier:
                 os.unlink(tmp)
             log.warning("disk KV tier: cannot write %s: %s", path, e)
             return 0
-        self._files[path] = len(blob) + len(payload)
+        self._add(path, len(blob) + len(payload))
         self._ours[key] = path
         self._shrink()
         return len(payload)
@@ -165,18 +162,19 @@ class DiskTier:
         self.num_corrupt += 1
         self._forget(path)
 
+    def _add(self, path: Path, size: int) -> None:
+        self.num_bytes += size - self._files.get(path, 0)
+        self._files[path] = size
+
     def _forget(self, path: Path) -> None:
         with contextlib.suppress(OSError):
             path.unlink()
-        self._files.pop(path, None)
+        self.num_bytes -= self._files.pop(path, 0)
         if path.name.startswith(self._prefix):
             with contextlib.suppress(ValueError):
                 self._ours.pop(bytes.fromhex(path.name[len(self._prefix) : -len(SUFFIX)]), None)
 
     def _shrink(self) -> None:
-        total = self.num_bytes
-        while total > self.capacity_bytes and self._files:
-            path, size = next(iter(self._files.items()))
-            self._forget(path)
+        while self.num_bytes > self.capacity_bytes and self._files:
+            self._forget(next(iter(self._files)))
             self.num_removed += 1
-            total -= size
