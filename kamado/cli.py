@@ -1,4 +1,4 @@
-"""`kamado serve | pull | models | bench | chat`: one entry point, one module per command."""
+"""`kamado serve | pull | models | bench | replay | chat`: one entry point, a module each."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-queued", type=int, default=256, help="requests waiting before 503")
+    p.add_argument(
+        "--no-prefix-cache", action="store_true", help="recompute every prompt from scratch"
+    )
+    p.add_argument(
+        "--kv-disk-dir",
+        default=None,
+        help="disk tier for evicted KV blocks (default: $KAMADO_HOME/kv-cache)",
+    )
+    p.add_argument(
+        "--kv-disk-gb", type=float, default=8.0, help="disk tier size cap in GiB (0 = off)"
+    )
     p.add_argument(
         "--no-bare-json-tool-calls",
         action="store_true",
@@ -47,6 +58,28 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="write raw results JSON here")
 
 
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="write or replay multi-agent traces (JSONL)")
+    rsub = p.add_subparsers(dest="replay_command", required=True)
+    make = rsub.add_parser("make-trace", help="write synthetic coding-agent sessions")
+    make.add_argument("--out", required=True)
+    make.add_argument("--agents", type=int, default=4)
+    make.add_argument("--max-context", type=int, default=8192, help="tokens a session grows to")
+    make.add_argument("--new-tokens", type=int, default=1000, help="new prompt tokens a turn")
+    make.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each request")
+    make.add_argument("--seed", type=int, default=0)
+    run = rsub.add_parser("run", help="replay a trace against a running server")
+    run.add_argument("trace")
+    run.add_argument("--url", default="http://127.0.0.1:8091/v1")
+    run.add_argument("--model", default=None, help="model field (default: the server's)")
+    run.add_argument("--out", default=None, help="write raw results JSON here")
+    both = rsub.add_parser("compare", help="replay against kamado, prefix cache on, then off")
+    both.add_argument("trace")
+    both.add_argument("--model", default=DEFAULT_MODEL)
+    both.add_argument("--serve-arg", action="append", help="extra `kamado serve` argument")
+    both.add_argument("--out", default=None, help="write raw results JSON here")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kamado", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -55,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
     sub.add_parser("models", help="list named and cached models")
     _add_bench(sub)
+    _add_replay(sub)
     _add_chat(sub)
     return parser
 
@@ -70,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         from kamado.models.commands import cmd_models as run
     elif args.command == "bench":
         from kamado.bench.commands import cmd_bench as run
+    elif args.command == "replay":
+        from kamado.bench.commands import cmd_replay as run
     else:
         from kamado.server.chat_client import cmd_chat as run
     return run(args) or 0

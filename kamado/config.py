@@ -71,5 +71,10 @@ class EngineConfig:
     # times a decode-only step, so decoding streams are never frozen by a long prompt.
     decode_stall_factor: float = 1.25
     attention_backend: str = "torch"
+    # Keep full KV blocks of finished turns and reuse them for requests with the same prefix.
+    enable_prefix_caching: bool = True
+    # Disk tier for cached blocks evicted from the device (None: off), and its size cap.
+    kv_disk_dir: str | None = None
+    kv_disk_bytes: int = 8 << 30
     seed: int = 0
     extra: dict = field(default_factory=dict)

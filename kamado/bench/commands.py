@@ -1,4 +1,5 @@
-"""`kamado bench`: throughput beside transformers, or decode fairness beside a long prefill."""
+"""`kamado bench`: throughput beside transformers, or decode fairness beside a long prefill.
+`kamado replay`: agent traces, written or replayed against a server."""
 
 from __future__ import annotations
 
@@ -28,3 +29,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     write_results(args.out, "throughput", results)
     return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from kamado.bench.trace import generate_trace, read_trace, write_trace
+
+    if args.replay_command == "make-trace":
+        turns = generate_trace(
+            agents=args.agents,
+            max_context_tokens=args.max_context,
+            new_tokens_per_turn=args.new_tokens,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+        write_trace(args.out, turns)
+        print(f"{len(turns)} turns of {args.agents} agents written to {args.out}")
+        return 0
+    turns = read_trace(args.trace)
+    if args.replay_command == "compare":
+        from kamado.bench.replay_servers import compare
+
+        results = compare(args.model, turns, args.serve_arg or [])
+        write_results(args.out, "replay-compare", {"trace": args.trace, **results})
+        return 0
+    import asyncio
+
+    from kamado.bench.replay import format_summary, replay
+
+    summary = asyncio.run(replay(args.url, turns, args.model or ""))
+    print(format_summary(args.url, summary))
+    write_results(args.out, "replay", {"trace": args.trace, "url": args.url, **summary})
+    return 1 if summary["errors"] else 0

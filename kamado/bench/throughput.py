@@ -122,7 +122,8 @@ def run_throughput(
 ) -> list[dict]:
     rows: list[Throughput] = []
     for model in models:
-        engine = EngineCore(EngineConfig(model=model, dtype=dtype))
+        # Batches repeat prompts: without this, later ones would be served from the cache.
+        engine = EngineCore(EngineConfig(model=model, dtype=dtype, enable_prefix_caching=False))
         kamado_throughput(engine, model, 1, 16, 4)  # warm-up
         for batch in batches:
             rows.append(kamado_throughput(engine, model, batch, prompt_len, gen_len))

@@ -83,6 +83,7 @@ class AsyncEngine:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
+        session: str | None = None,
         continue_from: dict[int, list[int]] | None = None,
     ) -> AsyncIterator[TokenDelta]:
         """Yield the request's deltas (all choices, or those in `continue_from`: see
@@ -97,7 +98,7 @@ class AsyncEngine:
         expected = params.n if continue_from is None else len(continue_from)
         finished: set[int] = set()
         try:
-            self._send(("add", request_id, prompt_token_ids, params, continue_from))
+            self._send(("add", request_id, prompt_token_ids, params, session, continue_from))
             while len(finished) < expected:
                 item = await queue.get()
                 if isinstance(item, Exception):

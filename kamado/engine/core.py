@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from kamado.config import EngineConfig, ModelConfig
-from kamado.engine.model_loading import load_for_engine
+from kamado.engine.model_loading import kv_fingerprint, load_for_engine
 from kamado.engine.model_runner import ModelRunner
 from kamado.engine.outputs import TokenDelta, TokenLogprob
 from kamado.engine.pacer import PrefillPacer
@@ -20,6 +20,8 @@ from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import Scheduler
 from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
+from kamado.kv.disk_tier import DiskTier
+from kamado.kv.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,17 @@ class EngineStats:
     num_preemptions: int = 0
     steps: int = 0
     last_step_seconds: float = 0.0
+    # Prefix cache: prompt tokens looked up, and those found on the device or on disk.
+    prefix_queried_tokens: int = 0
+    prefix_device_hit_tokens: int = 0
+    prefix_disk_hit_tokens: int = 0
+    kv_blocks_cached: int = 0  # unreferenced blocks kept for reuse
+    kv_evictions: int = 0  # cached device blocks overwritten
+    disk_bytes_written: int = 0  # device -> disk
+    disk_bytes_read: int = 0  # disk -> device
+    disk_bytes: int = 0  # size of the disk tier's directory
+    disk_files_corrupt: int = 0  # unreadable or mismatched files found (and removed)
+    disk_files_removed: int = 0  # files deleted to stay under the size cap
 
 
 class EngineCore:
@@ -54,9 +67,18 @@ class EngineCore:
         )
         del loaded
         self.pool = BlockPool(self.num_blocks)
+        self.disk = self._disk_tier() if config.enable_prefix_caching else None
+        self.prefix = PrefixCache(
+            self.pool,
+            self.runner.cache,
+            config.block_size,
+            self.disk,
+            enabled=config.enable_prefix_caching,
+        )
         self.pacer = PrefillPacer(config.decode_stall_factor, config.max_num_batched_tokens)
         self.scheduler = Scheduler(
             self.pool,
+            self.prefix,
             config.block_size,
             config.max_num_seqs,
             config.max_num_batched_tokens,
@@ -71,6 +93,15 @@ class EngineCore:
         gc.collect()
         gc.freeze()
 
+    def _disk_tier(self) -> DiskTier | None:
+        c = self.config
+        if not c.kv_disk_dir or c.kv_disk_bytes <= 0:
+            return None
+        k = self.runner.cache.k[0]
+        shape = (2, self.model_config.num_layers, c.block_size, *k.shape[1:])
+        fingerprint = kv_fingerprint(c, self.model_config, self.dtype)
+        return DiskTier(c.kv_disk_dir, c.kv_disk_bytes, fingerprint, shape, self.dtype)
+
     # ---- requests -------------------------------------------------------------------
 
     def add_request(
@@ -78,24 +109,27 @@ class EngineCore:
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
+        session: str | None = None,
         continue_from: dict[int, list[int]] | None = None,
     ) -> None:
-        """Queue a request. `continue_from` maps choices of a request begun on an engine that
-        was lost to the tokens they had generated: only those choices run, each from there."""
+        """Queue a request. `session` names the agent session it belongs to, so the prefix
+        cache keeps that session's newest turn over the branches it superseded.
+        `continue_from` maps choices of a request begun on an engine that was lost to the
+        tokens they had generated: only those choices run, each from there."""
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already running")
         self._check_prompt(prompt_token_ids)
         if continue_from is not None:
             self._check_continuation(prompt_token_ids, params, continue_from)
             seqs = [
-                self._new_sequence(request_id, index, prompt_token_ids, params, outputs)
+                self._new_sequence(request_id, index, prompt_token_ids, params, session, outputs)
                 for index, outputs in sorted(continue_from.items())
             ]
             for seq in seqs:
                 self.scheduler.add(seq)
         else:
             seqs = [
-                self._new_sequence(request_id, index, prompt_token_ids, params, [])
+                self._new_sequence(request_id, index, prompt_token_ids, params, session, [])
                 for index in range(params.n)
             ]
             # Choice 0 prefills the prompt once; the others fork from it (sharing its KV).
@@ -109,10 +143,12 @@ class EngineCore:
         index: int,
         prompt: list[int],
         params: SamplingParams,
+        session: str | None,
         outputs: list[int],
     ) -> Sequence:
         self._arrivals += 1
         seq = Sequence(request_id, index, list(prompt), params, self._arrivals)
+        seq.session = session
         seq.token_ids.extend(outputs)
         return seq
 
@@ -178,6 +214,7 @@ class EngineCore:
         for item in batch:
             forks_now = item.samples and item.seq.pending_forks
             item.seq.num_computed += item.num_new
+            self.prefix.commit(item.seq, item.seq.num_computed - item.num_new)
             if forks_now:
                 for child in item.seq.pending_forks:
                     self._fork(item.seq, child)
@@ -201,6 +238,7 @@ class EngineCore:
             logprobs=[logprob] if logprob is not None else None,
             finish_reason=reason,
             num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens or 0,
         )
 
     def _fork(self, parent: Sequence, child: Sequence) -> None:
@@ -209,6 +247,7 @@ class EngineCore:
         n_full = parent.num_prompt_tokens // self.config.block_size
         partial = parent.num_prompt_tokens % self.config.block_size
         child.status = Status.RUNNING
+        child.num_cached_tokens = parent.num_cached_tokens
         self.scheduler.running.append(child)
         if partial and self.pool.num_free == 0:
             # No block to copy into: the sibling recomputes its prompt later instead.
@@ -217,6 +256,7 @@ class EngineCore:
         for block in parent.block_table[:n_full]:
             self.pool.share(block)
         child.block_table = parent.block_table[:n_full]
+        child.block_keys = parent.block_keys[:n_full]
         if partial:
             copy = self.pool.allocate(after=child.block_table[-1] if n_full else None)
             self.runner.cache.copy_block(parent.block_table[n_full], copy)
@@ -249,4 +289,16 @@ class EngineCore:
         s.num_running = len(self.scheduler.running)
         s.kv_blocks_used = self.pool.num_used
         s.num_preemptions = self.scheduler.num_preemptions
+        p = self.prefix.stats
+        s.prefix_queried_tokens = p.queried_tokens
+        s.prefix_device_hit_tokens = p.device_hit_tokens
+        s.prefix_disk_hit_tokens = p.disk_hit_tokens
+        s.kv_blocks_cached = self.pool.num_cached
+        s.kv_evictions = self.pool.num_evictions
+        s.disk_bytes_written = p.disk_bytes_written
+        s.disk_bytes_read = p.disk_bytes_read
+        if self.disk is not None:
+            s.disk_bytes = self.disk.num_bytes
+            s.disk_files_corrupt = self.disk.num_corrupt
+            s.disk_files_removed = self.disk.num_removed
         return EngineStats(**vars(s))

@@ -1,9 +1,10 @@
 """The engine core's own process: a plain loop of receive requests, step, send deltas.
 
-Messages in (tuples): ("add", request_id, prompt_token_ids, params, continue_from),
-("abort", request_id, index | None), ("shutdown",). Messages out: ("ready", EngineInfo)
-or ("failed", message) once at start, then ("step", deltas, stats) after each step,
-("stats", stats) after requests change while idle, and ("rejected", request_id, message).
+Messages in (tuples): ("add", request_id, prompt_token_ids, params, session,
+continue_from), ("abort", request_id, index | None), ("shutdown",). Messages out:
+("ready", EngineInfo) or ("failed", message) once at start, then ("step", deltas, stats)
+after each step, ("stats", stats) after requests change while idle, and ("rejected",
+request_id, message).
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def _loop(engine: EngineCore, conn: Connection) -> None:
                 return
             changed = True
             if kind == "add":
-                _, request_id, prompt, params, continue_from = message
+                _, request_id, prompt, params, session, continue_from = message
                 try:
-                    engine.add_request(request_id, prompt, params, continue_from)
+                    engine.add_request(request_id, prompt, params, session, continue_from)
                 except RequestError as exc:
                     conn.send(("rejected", request_id, str(exc)))
             elif kind == "abort":

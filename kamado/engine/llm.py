@@ -49,7 +49,9 @@ class LLM:
                     streams[request_id, i] = TextStream(self.tokenizer, p, ids)
         while self.engine.has_work():
             for delta in self.engine.step():
-                out = results[delta.request_id].outputs[delta.index]
+                result = results[delta.request_id]
+                result.num_cached_tokens = max(result.num_cached_tokens, delta.num_cached_tokens)
+                out = result.outputs[delta.index]
                 out.token_ids.extend(delta.new_token_ids)
                 if delta.logprobs is not None and out.logprobs is not None:
                     out.logprobs.extend(delta.logprobs)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -53,3 +55,29 @@ def _default_kv_budget(device: str) -> int:
         return int(free * 0.8)
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return min(CPU_KV_CAP, int(available * CPU_KV_FRACTION))
+
+
+def kv_fingerprint(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> bytes:
+    """Names whose K/V a cached block holds: model weights, dtype and block layout. Blocks
+    saved under another fingerprint are never loaded."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr((model_config, str(dtype), config.block_size, config.seed)).encode())
+    source = resolve_model(config.model)
+    if source.path is None:
+        h.update(f"synthetic:{source.name}".encode())
+    else:
+        files = [source.path] if source.path.is_file() else sorted(source.path.glob("*"))
+        for path in files:
+            if path.is_file():
+                h.update(_file_identity(path))
+    return h.digest()
+
+
+def _file_identity(path: Path) -> bytes:
+    # Name, size and the first and last MiB: cheap, and different for different weights.
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(1 << 20)
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read(1 << 20)
+    return hashlib.blake2b(path.name.encode() + str(size).encode() + head + tail).digest()

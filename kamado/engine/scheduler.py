@@ -1,8 +1,10 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each.
 
 Every step carries all running decodes first; prefill (chunked) fills what is left of
-the token budget, paced so decodes are never frozen. When KV blocks run out, the newest
-sequence is preempted: its blocks are freed and it is recomputed later from its tokens.
+the token budget, paced so decodes are never frozen. A new sequence starts from whatever
+leading blocks the prefix cache holds for it. When KV blocks run out, the newest sequence
+is preempted: its blocks are freed (full ones stay cached) and it is recomputed later
+from its tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
+from kamado.kv.prefix_cache import PrefixCache
 
 
 @dataclass
@@ -30,12 +33,14 @@ class Scheduler:
     def __init__(
         self,
         pool: BlockPool,
+        prefix: PrefixCache,
         block_size: int,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         pacer: PrefillPacer,
     ) -> None:
         self.pool = pool
+        self.prefix = prefix
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -68,11 +73,20 @@ class Scheduler:
             budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            num_new = min(seq.num_uncomputed, budget)
+            found = self.prefix.match(seq)
+            cached = found.num_blocks() * self.block_size
+            num_new = min(seq.num_tokens - cached, budget)
+            # Matched blocks nobody reads now count as free until this sequence takes them.
+            takes = -(-(cached + num_new) // self.block_size) - len(found.device_blocks)
             headroom = self._watermark if self.running else 0
-            if self.pool.num_free - self._blocks_needed(seq, num_new) < headroom:
+            if self.pool.num_free - takes - found.num_unreferenced < headroom:
                 break
-            self._reserve(seq, num_new)
+            self.prefix.acquire(seq, found)
+            num_new = min(seq.num_uncomputed, budget)
+            if not self._reserve(seq, num_new):  # a disk block failed to load: less was cached
+                self.free(seq)
+                seq.num_computed = 0
+                break
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -124,9 +138,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def free(self, seq: Sequence) -> None:
-        for block in seq.block_table:
-            self.pool.release(block)
-        seq.block_table = []
+        self.prefix.release(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
@@ -136,3 +148,4 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
         self.free(seq)
+        self.prefix.end_turn(seq)

@@ -28,6 +28,9 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    session: str | None = None  # the agent session the request belongs to (prefix cache)
+    block_keys: list[bytes] = field(default_factory=list)  # content keys of its full blocks
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
     # Choices 1..n-1 of a request wait here until choice 0 has prefilled the shared prompt.
     pending_forks: list[Sequence] = field(default_factory=list)
 

@@ -1,4 +1,9 @@
-"""Fixed-size KV blocks: a free set with reference counts.
+"""Fixed-size KV blocks: reference counts, and full blocks kept as a prefix cache.
+
+A block is free (holds nothing worth keeping), referenced by one or more sequences, or
+cached: unreferenced but holding the K/V of a known prefix (its content key), so a later
+request with the same prefix can read it again. Cached blocks are reused for new content
+only when no free block is left, in the session-aware order of `EvictionOrder`.
 
 Placement keeps each sequence's blocks in one contiguous run, so attention can read its
 K/V as a view instead of gathering it: a growing sequence takes the block right after
@@ -7,6 +12,10 @@ of the largest free gap, leaving the sequence before the gap room to grow too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+from kamado.kv.eviction import EvictionOrder
 
 
 class OutOfBlocks(RuntimeError):
@@ -20,21 +29,36 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
         self._free = set(range(num_blocks))
+        self.evictable = EvictionOrder()
+        self.key_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+        # Called with (block, key) just before a cached block is overwritten.
+        self.on_evict: Callable[[int, bytes], None] | None = None
+        self.num_evictions = 0
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks that can be handed out: free ones, and cached ones nobody reads."""
+        return len(self._free) + len(self.evictable)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.evictable)
 
     def allocate(self, after: int | None = None) -> int:
-        """Take a free block: `after + 1` when free, else the middle of the largest gap."""
-        if not self._free:
+        """Take a free block: `after + 1` when free, else the middle of the largest gap;
+        with no free block left, the first cached block in eviction order."""
+        if self._free:
+            block = after + 1 if after is not None and after + 1 in self._free else self._runway()
+            self._free.remove(block)
+        elif self.evictable:
+            block = self._evict()
+        else:
             raise OutOfBlocks("no free KV blocks")
-        block = after + 1 if after is not None and after + 1 in self._free else self._runway()
-        self._free.remove(block)
         self.ref_counts[block] = 1
         return block
 
@@ -51,13 +75,51 @@ class BlockPool:
         # A gap at the very start has no sequence before it that might want to grow.
         return 0 if best_start == 0 else best_start + best_len // 2
 
+    def _evict(self) -> int:
+        block = self.evictable.pop()
+        key = self.key_of.pop(block)
+        del self._block_of[key]
+        self.num_evictions += 1
+        if self.on_evict is not None:
+            self.on_evict(block, key)
+        return block
+
     def share(self, block: int) -> None:
         """Another sequence now reads this block too."""
         assert self.ref_counts[block] > 0, "sharing a free block"
         self.ref_counts[block] += 1
 
-    def release(self, block: int) -> None:
+    def release(self, block: int, session: str | None = None, depth: int = 0) -> None:
+        """One reader is done; a keyed block stays cached (owned by `session`, at `depth`
+        in its chain) until its slot is needed."""
         assert self.ref_counts[block] > 0, "releasing a free block"
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
-            self._free.add(block)
+            if block in self.key_of:
+                self.evictable.add(block, session, depth)
+            else:
+                self._free.add(block)
+
+    # ---- the prefix cache: blocks by content key ----------------------------------------
+
+    def lookup(self, key: bytes) -> int | None:
+        return self._block_of.get(key)
+
+    def reuse(self, block: int) -> None:
+        """A sequence reads a cached block (referenced already, or waiting to be evicted)."""
+        if self.ref_counts[block] == 0:
+            self.evictable.remove(block)
+        self.ref_counts[block] += 1
+
+    def set_key(self, block: int, key: bytes) -> None:
+        """The block now holds the full K/V of the prefix named `key`. A key cached in
+        another block already (computed twice at once) keeps that block."""
+        if key not in self._block_of and block not in self.key_of:
+            self.key_of[block] = key
+            self._block_of[key] = block
+
+    def supersede(self, key: bytes) -> None:
+        """A newer turn of the block's session no longer reads it: evict it early."""
+        block = self._block_of.get(key)
+        if block is not None:
+            self.evictable.supersede(block)

@@ -36,3 +36,16 @@ class KVCache:
         bs = self.block_size
         for cache in (*self.k, *self.v):
             cache[dst * bs : (dst + 1) * bs] = cache[src * bs : (src + 1) * bs]
+
+    def read_block(self, block: int) -> torch.Tensor:
+        """The block's K/V in every layer, as one [2, layers, block_size, kv_heads, dim] copy."""
+        bs = self.block_size
+        k = torch.stack([cache[block * bs : (block + 1) * bs] for cache in self.k])
+        v = torch.stack([cache[block * bs : (block + 1) * bs] for cache in self.v])
+        return torch.stack([k, v])
+
+    def write_block(self, block: int, data: torch.Tensor) -> None:
+        bs = self.block_size
+        for layer, (k, v) in enumerate(zip(self.k, self.v, strict=True)):
+            k[block * bs : (block + 1) * bs] = data[0, layer]
+            v[block * bs : (block + 1) * bs] = data[1, layer]

@@ -298,7 +298,15 @@ async def create_chat_completion(state: ServerState, request: Request) -> Any:
     prep = await prepare(state, await read_body(request))
     state.check_alive()
     lease = state.acquire()  # 503 + Retry-After when full
-    gen = Generation(state, new_id("chatcmpl"), prep.prompt_token_ids, prep.params, "chat", arrival)
+    gen = Generation(
+        state,
+        new_id("chatcmpl"),
+        prep.prompt_token_ids,
+        prep.params,
+        "chat",
+        arrival,
+        session=prep.req.session_key,
+    )
     if prep.req.stream:
         return StreamingResponse(
             _stream(state, prep, gen, lease),

@@ -11,7 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-from kamado.config import EngineConfig
+from kamado.config import EngineConfig, kamado_home
 
 log = logging.getLogger("kamado.server")
 
@@ -55,6 +55,9 @@ def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_cache,
+        kv_disk_dir=args.kv_disk_dir or str(kamado_home() / "kv-cache"),
+        kv_disk_bytes=int(args.kv_disk_gb * GIB),
     )
 
 

@@ -206,7 +206,13 @@ async def create_completion(state: ServerState, request: Request) -> Any:
     state.check_alive()
     lease = state.acquire()
     gen = Generation(
-        state, new_id("cmpl"), prep.prompt_token_ids, prep.params, "completions", arrival
+        state,
+        new_id("cmpl"),
+        prep.prompt_token_ids,
+        prep.params,
+        "completions",
+        arrival,
+        session=prep.req.session_key,
     )
     if prep.req.stream:
         return StreamingResponse(

@@ -54,12 +54,14 @@ class Generation:
         params: SamplingParams,
         endpoint: str,
         arrival: float | None = None,  # time.monotonic() when the request came in
+        session: str | None = None,  # agent session key, for the prefix cache
     ) -> None:
         self.state = state
         self.engine = state.engine  # the supervisor may replace state.engine meanwhile
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.params = params
+        self.session = session
         self.endpoint = endpoint
         self.arrival = time.monotonic() if arrival is None else arrival
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -147,7 +149,7 @@ class Generation:
         while True:
             try:
                 async for delta in self.engine.generate(
-                    self.request_id, self.prompt_token_ids, self.params, continue_from
+                    self.request_id, self.prompt_token_ids, self.params, self.session, continue_from
                 ):
                     yield delta
                 return

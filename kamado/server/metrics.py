@@ -47,6 +47,53 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "kamado_generation_tokens", "Tokens generated", value=s.generation_tokens_total
         )
+        yield from _prefix_cache_metrics(s)
+
+
+def _prefix_cache_metrics(s: Any) -> Iterator[Any]:
+    yield CounterMetricFamily(
+        "kamado_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache",
+        value=s.prefix_queried_tokens,
+    )
+    hits = CounterMetricFamily(
+        "kamado_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", labels=["tier"]
+    )
+    rate = GaugeMetricFamily(
+        "kamado_prefix_cache_hit_rate", "Hit tokens / queried tokens, by tier", labels=["tier"]
+    )
+    for tier, value in (("device", s.prefix_device_hit_tokens), ("disk", s.prefix_disk_hit_tokens)):
+        hits.add_metric([tier], value)
+        rate.add_metric([tier], value / s.prefix_queried_tokens if s.prefix_queried_tokens else 0.0)
+    yield hits
+    yield rate
+    yield GaugeMetricFamily(
+        "kamado_kv_blocks_cached",
+        "Unreferenced KV blocks kept for prefix reuse",
+        value=s.kv_blocks_cached,
+    )
+    evictions = CounterMetricFamily(
+        "kamado_kv_evictions",
+        "Cached blocks evicted: from the device, or files removed from the disk tier",
+        labels=["tier"],
+    )
+    evictions.add_metric(["device"], s.kv_evictions)
+    evictions.add_metric(["disk"], s.disk_files_removed)
+    yield evictions
+    moved = CounterMetricFamily(
+        "kamado_kv_tier_bytes", "KV bytes moved between tiers", labels=["source", "destination"]
+    )
+    moved.add_metric(["device", "disk"], s.disk_bytes_written)
+    moved.add_metric(["disk", "device"], s.disk_bytes_read)
+    yield moved
+    yield GaugeMetricFamily(
+        "kamado_kv_disk_bytes", "Size of the disk tier's directory", value=s.disk_bytes
+    )
+    yield CounterMetricFamily(
+        "kamado_kv_disk_files_corrupt",
+        "Disk tier files that failed their checks and were removed",
+        value=s.disk_files_corrupt,
+    )
 
 
 class Metrics:

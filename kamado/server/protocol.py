@@ -87,10 +87,17 @@ class _SamplingFields(_Lenient):
     min_p: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool | None = False
+    # The agent session a request belongs to, for the prefix cache's eviction order.
+    prompt_cache_key: str | None = None
+    user: str | None = None
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def session_key(self) -> str | None:
+        return self.prompt_cache_key or self.user or None
 
 
 class ChatCompletionRequest(_SamplingFields):

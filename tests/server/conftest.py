@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +32,11 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kamado-serve-{self.port}.log"
+        # Its own disk tier (a later --kv-disk-dir in args wins), never the user's cache.
+        self.kv_disk_dir = tempfile.mkdtemp(prefix="kamado-test-kv-")
         cmd = [sys.executable, "-m", "kamado.cli", "serve", "--model", str(model)]
-        cmd += ["--listen", f"127.0.0.1:{self.port}", "--kv-cache-gb", "0.25", *args]
+        cmd += ["--listen", f"127.0.0.1:{self.port}", "--kv-cache-gb", "0.25"]
+        cmd += ["--kv-disk-dir", self.kv_disk_dir, *args]
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
             cmd,
@@ -79,6 +84,7 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
         self._log.close()
+        shutil.rmtree(self.kv_disk_dir, ignore_errors=True)
 
     def client(self, **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, **kw)

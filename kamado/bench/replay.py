@@ -1,0 +1,147 @@
+"""`kamado replay`: replay an agent trace against any OpenAI-compatible server.
+
+Each agent's turns go out one after another (streamed, with usage); agents run side by
+side. Reported: prefix-cache hit rate (usage.prompt_tokens_details.cached_tokens over
+prompt tokens), time to first token as the client sees it (first content or tool-call
+delta) for all turns and for follow-up turns, generated tokens per second, completed
+turns per hour, and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+from kamado.bench.trace import TraceTurn
+
+
+@dataclass
+class TurnResult:
+    agent: str
+    turn: int
+    ttft_s: float | None
+    seconds: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+async def _send(client: httpx.AsyncClient, url: str, model: str, turn: TraceTurn) -> TurnResult:
+    body = {**turn.request, "stream": True, "stream_options": {"include_usage": True}}
+    body.setdefault("model", model)
+    started = time.perf_counter()
+    result = TurnResult(turn.agent, turn.turn, None, 0.0)
+    try:
+        async with client.stream("POST", url + "/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                result.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+            else:
+                await _read_stream(r, result, started)
+    except httpx.HTTPError as e:
+        result.error = f"{type(e).__name__}: {e}"
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+async def _read_stream(r: httpx.Response, result: TurnResult, started: float) -> None:
+    async for line in r.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            return
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            result.error = str(chunk["error"].get("message", chunk["error"]))[:200]
+            return
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if result.ttft_s is None and (delta.get("content") or delta.get("tool_calls")):
+                result.ttft_s = time.perf_counter() - started
+        if usage := chunk.get("usage"):
+            result.prompt_tokens = usage.get("prompt_tokens", 0)
+            details = usage.get("prompt_tokens_details") or {}
+            result.cached_tokens = details.get("cached_tokens") or 0
+            result.completion_tokens = usage.get("completion_tokens", 0)
+    result.error = "the stream ended without [DONE]"
+
+
+async def replay(
+    url: str, turns: list[TraceTurn], model: str = "", timeout_s: float = 1800.0
+) -> dict[str, Any]:
+    agents: dict[str, list[TraceTurn]] = {}
+    for t in sorted(turns, key=lambda t: (t.agent, t.turn)):
+        agents.setdefault(t.agent, []).append(t)
+    results: list[TurnResult] = []
+
+    async def run_agent(client: httpx.AsyncClient, mine: list[TraceTurn]) -> None:
+        for t in mine:
+            await asyncio.sleep(t.delay_s)
+            results.append(await _send(client, url, model, t))
+
+    started = time.perf_counter()
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        await asyncio.gather(*(run_agent(client, mine) for mine in agents.values()))
+    return summarize(results, time.perf_counter() - started)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(results: list[TurnResult], wall_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.error is None]
+    follow_ups = [r for r in ok if r.turn > 0]
+
+    def hit_rate(rs: list[TurnResult]) -> float | None:
+        prompt = sum(r.prompt_tokens for r in rs)
+        return sum(r.cached_tokens for r in rs) / prompt if prompt else None
+
+    def ttft(rs: list[TurnResult]) -> dict[str, float | None]:
+        values = [r.ttft_s for r in rs if r.ttft_s is not None]
+        median = statistics.median(values) if values else None
+        return {"median_s": median, "p99_s": _percentile(values, 0.99)}
+
+    return {
+        "turns": len(results),
+        "errors": len(results) - len(ok),
+        "wall_s": wall_s,
+        "prefix_hit_rate": hit_rate(ok),
+        "prefix_hit_rate_follow_ups": hit_rate(follow_ups),
+        "ttft": ttft(ok),
+        "ttft_follow_ups": ttft(follow_ups),
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "generated_tokens_per_s": sum(r.completion_tokens for r in ok) / wall_s,
+        "turns_per_hour": len(ok) * 3600 / wall_s,
+        "error_samples": sorted({r.error for r in results if r.error})[:5],
+        "per_turn": [asdict(r) for r in sorted(results, key=lambda r: (r.agent, r.turn))],
+    }
+
+
+def format_summary(name: str, s: dict[str, Any]) -> str:
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    def sec(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}s"
+
+    return (
+        f"{name}: {s['turns']} turns, {s['errors']} errors, {s['wall_s']:.0f}s wall\n"
+        f"  prefix hit rate {pct(s['prefix_hit_rate'])} of prompt tokens "
+        f"({pct(s['prefix_hit_rate_follow_ups'])} on follow-up turns)\n"
+        f"  TTFT median {sec(s['ttft']['median_s'])}, p99 {sec(s['ttft']['p99_s'])}; "
+        f"follow-up turns median {sec(s['ttft_follow_ups']['median_s'])}, "
+        f"p99 {sec(s['ttft_follow_ups']['p99_s'])}\n"
+        f"  {s['generated_tokens_per_s']:.1f} generated tokens/s, "
+        f"{s['turns_per_hour']:.0f} turns/hour"
+    )

@@ -1,0 +1,75 @@
+"""Which unreferenced cached block to reuse first, knowing about agent sessions.
+
+Order, first evicted first: blocks of branches a session's newer turn superseded; then by
+how recently the owning session was active (idle sessions age out before active ones;
+a block without a session counts as active when it was released); within a session, the
+deepest block first, so what remains is still a usable prefix.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+
+MAX_SESSIONS = 1024  # sessions remembered; the least recently active are forgotten
+
+
+class EvictionOrder:
+    def __init__(self) -> None:
+        self._clock = 0
+        self._sessions: OrderedDict[str, int] = OrderedDict()  # session -> last active tick
+        # Evictable blocks: block -> (session or None, depth, release tick).
+        self._blocks: dict[int, tuple[str | None, int, int]] = {}
+        self._superseded: set[int] = set()
+        self._heap: list[tuple[tuple[int, int, int], int]] = []
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._blocks
+
+    def touch(self, session: str | None) -> None:
+        """The session is active now (a turn arrived or finished)."""
+        self._clock += 1
+        if session is not None:
+            self._sessions[session] = self._clock
+            self._sessions.move_to_end(session)
+            if len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+
+    def add(self, block: int, session: str | None, depth: int) -> None:
+        self._clock += 1
+        self._blocks[block] = (session, depth, self._clock)
+        heapq.heappush(self._heap, (self._priority(block), block))
+        if len(self._heap) > 4 * len(self._blocks) + 64:  # drop entries of reused blocks
+            self._heap = [(self._priority(b), b) for b in self._blocks]
+            heapq.heapify(self._heap)
+
+    def remove(self, block: int) -> None:
+        """The block is read again: it is no longer evictable (nor superseded)."""
+        del self._blocks[block]
+        self._superseded.discard(block)
+
+    def supersede(self, block: int) -> None:
+        if block in self._blocks and block not in self._superseded:
+            self._superseded.add(block)
+            heapq.heappush(self._heap, (self._priority(block), block))
+
+    def pop(self) -> int:
+        # Entries go stale as sessions become active again: re-file them at their priority now.
+        while True:
+            priority, block = heapq.heappop(self._heap)
+            if block not in self._blocks:
+                continue
+            now = self._priority(block)
+            if now != priority:
+                heapq.heappush(self._heap, (now, block))
+                continue
+            self.remove(block)
+            return block
+
+    def _priority(self, block: int) -> tuple[int, int, int]:
+        session, depth, released = self._blocks[block]
+        active = self._sessions.get(session, released) if session is not None else released
+        return (0 if block in self._superseded else 1, active, -depth)

@@ -1,0 +1,117 @@
+"""The disk tier: evicted blocks restored with cold-run outputs, across restarts; bad,
+foreign and mismatched files never loaded."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kamado.kv.block_hash import extend_keys
+from kamado.kv.cache import bytes_per_block
+from kamado.kv.disk_tier import HEADER, DiskTier
+from kamado.models import load_model_config, resolve_model
+from tests.engine.conftest import greedy, hf_greedy, make_engine, run
+
+BS = 4
+PROMPT = list(range(50, 90))  # 10 full blocks
+FILLER = [7 + i % 40 for i in range(88)]  # pushes most of PROMPT's blocks out of the pool
+NUM_BLOCKS = 24
+
+
+def small_engine(path: Path, disk: Path, **options):
+    config = load_model_config(resolve_model(str(path)))
+    per_block = bytes_per_block(config, BS, torch.float32)
+    return make_engine(
+        path, block_size=BS, kv_cache_bytes=NUM_BLOCKS * per_block, kv_disk_dir=str(disk), **options
+    )
+
+
+def evict_prompt(engine) -> None:
+    run(engine, {"p": (PROMPT, greedy(4))})
+    run(engine, {"filler": (FILLER, greedy(2))})
+    assert engine.pool.num_evictions > 0
+
+
+def test_evicted_blocks_come_back_from_disk_with_cold_outputs(tiny_models, tmp_path):
+    path, reference = tiny_models["qwen2"]
+    engine = small_engine(path, tmp_path)
+    evict_prompt(engine)
+    assert engine.prefix.stats.disk_bytes_written > 0
+    out = run(engine, {"again": (PROMPT, greedy(12))})["again"][0]
+    stats = engine.prefix.stats
+    assert stats.disk_hit_tokens > 0
+    assert stats.device_hit_tokens + stats.disk_hit_tokens == len(PROMPT) - BS
+    assert engine.prefix.stats.disk_bytes_read > 0
+    assert out == hf_greedy(reference, PROMPT, 12)
+    assert engine.pool.num_used == 0
+
+
+def test_a_restarted_engine_starts_with_the_disk_tier_warm(tiny_models, tmp_path):
+    path, reference = tiny_models["llama"]
+    evict_prompt(small_engine(path, tmp_path))
+    restarted = small_engine(path, tmp_path)
+    out = run(restarted, {"again": (PROMPT, greedy(10))})["again"][0]
+    assert restarted.prefix.stats.disk_hit_tokens == len(PROMPT) - BS
+    assert out == hf_greedy(reference, PROMPT, 10)
+
+
+def test_corrupted_files_are_ignored_and_removed(tiny_models, tmp_path):
+    path, reference = tiny_models["llama"]
+    first = small_engine(path, tmp_path)
+    evict_prompt(first)
+    keys: list[bytes] = []
+    extend_keys(keys, PROMPT, len(PROMPT) // BS, BS)
+    damaged = tmp_path / first.disk._name(keys[4])
+    raw = bytearray(damaged.read_bytes())
+    raw[HEADER.size + 10] ^= 0xFF  # one flipped payload byte: the checksum catches it
+    damaged.write_bytes(bytes(raw))
+    (tmp_path / "truncated.kvb").write_bytes(b"KAMADOKV\x01")
+    restarted = small_engine(path, tmp_path)
+    assert not (tmp_path / "truncated.kvb").exists()
+    out = run(restarted, {"again": (PROMPT, greedy(10))})["again"][0]
+    assert out == hf_greedy(reference, PROMPT, 10)
+    assert restarted.disk.num_corrupt == 2
+    assert restarted.disk.load(keys[4]) is not None  # rewritten from the recomputed block
+    assert restarted.prefix.stats.disk_hit_tokens == 4 * BS  # the blocks before the bad one
+
+
+@pytest.mark.parametrize(
+    "other",
+    [{"dtype": "bfloat16"}, {"model": "qwen3"}],
+    ids=["other-dtype", "other-model"],
+)
+def test_files_of_another_model_or_dtype_are_never_loaded(tiny_models, tmp_path, other):
+    path, _ = tiny_models["llama"]
+    evict_prompt(small_engine(path, tmp_path))
+    written = {p.name for p in tmp_path.glob("*.kvb")}
+    other_path = tiny_models[other.pop("model")][0] if "model" in other else path
+    engine = small_engine(other_path, tmp_path, **other)
+    assert len(engine.disk) == 0
+    run(engine, {"again": (PROMPT, greedy(4))})
+    assert engine.prefix.stats.disk_hit_tokens == 0
+    assert written <= {p.name for p in tmp_path.glob("*.kvb")}  # left alone
+
+
+def test_a_file_renamed_to_our_key_is_refused_by_its_header(tmp_path):
+    shape, dtype = (2, 1, 4, 1, 2), torch.float32
+    ours = DiskTier(tmp_path, 1 << 20, b"A" * 16, shape, dtype)
+    theirs = DiskTier(tmp_path / "x", 1 << 20, b"B" * 16, shape, dtype)
+    theirs.store(b"k" * 16, torch.ones(shape))
+    forged = tmp_path / ours._name(b"k" * 16)
+    (tmp_path / "x" / theirs._name(b"k" * 16)).rename(forged)
+    reopened = DiskTier(tmp_path, 1 << 20, b"A" * 16, shape, dtype)
+    assert b"k" * 16 not in reopened and reopened.load(b"k" * 16) is None
+
+
+def test_the_directory_stays_under_its_cap_dropping_the_least_recent(tmp_path):
+    shape = (2, 2, 4, 2, 8)
+    one = torch.zeros(shape).numel() * 4 + HEADER.size
+    tier = DiskTier(tmp_path, 3 * one, b"F" * 16, shape, torch.float32)
+    keys = [bytes([i]) * 16 for i in range(5)]
+    for i, key in enumerate(keys[:3]):
+        tier.store(key, torch.full(shape, float(i)))
+    assert tier.load(keys[0]) is not None  # used: now the most recent
+    tier.store(keys[3], torch.zeros(shape))
+    assert keys[1] not in tier and keys[0] in tier
+    assert tier.num_bytes <= 3 * one and tier.num_removed == 1
+    assert torch.equal(tier.load(keys[2]), torch.full(shape, 2.0))

@@ -1,0 +1,87 @@
+"""Which cached block goes first: superseded branches, then idle sessions, deepest first."""
+
+from kamado.kv.block_hash import block_key, extend_keys
+from kamado.kv.block_pool import BlockPool
+from kamado.kv.eviction import EvictionOrder
+from tests.engine.conftest import greedy, make_engine
+
+
+def test_keys_name_the_whole_prefix_not_just_the_block():
+    keys_a, keys_b = [], []
+    extend_keys(keys_a, [1, 2, 3, 4, 5, 6], 3, 2)
+    extend_keys(keys_b, [9, 9, 3, 4, 5, 6], 3, 2)
+    assert keys_a[1] != keys_b[1]  # same tokens, different history
+    assert keys_a[1] == block_key(keys_a[0], [3, 4])
+
+
+def drain(order: EvictionOrder) -> list[int]:
+    return [order.pop() for _ in range(len(order))]
+
+
+def test_idle_sessions_age_out_before_active_ones():
+    order = EvictionOrder()
+    order.touch("idle")
+    order.touch("busy")
+    for depth, block in enumerate([10, 11, 12]):
+        order.add(block, "idle", depth)
+    for depth, block in enumerate([20, 21]):
+        order.add(block, "busy", depth)
+    order.touch("busy")
+    order.touch("idle")  # idle came back: now busy is the idler one
+    order.touch("busy")
+    # Within a session, the deepest block first: what stays is still a prefix.
+    assert drain(order) == [12, 11, 10, 21, 20]
+
+
+def test_a_superseded_branch_goes_before_the_newest_turn_of_any_session():
+    order = EvictionOrder()
+    for session, blocks in (("a", [1, 2, 3]), ("b", [4, 5])):
+        order.touch(session)
+        for depth, block in enumerate(blocks):
+            order.add(block, session, depth)
+    order.touch("a")
+    order.supersede(3)
+    assert drain(order) == [3, 5, 4, 2, 1]
+
+
+def test_the_pool_hands_out_free_blocks_before_cached_ones():
+    pool = BlockPool(4)
+    a, b = pool.allocate(), pool.allocate()
+    pool.set_key(a, b"ka")
+    pool.release(a, "s", 0)
+    pool.release(b)
+    assert pool.num_free == 4 and pool.num_cached == 1
+    taken = {pool.allocate() for _ in range(3)}
+    assert a not in taken and pool.lookup(b"ka") == a
+    assert pool.allocate() == a and pool.lookup(b"ka") is None
+    assert pool.num_evictions == 1
+
+
+def test_an_agents_newest_turn_outlives_its_superseded_branch_and_idle_agents(tiny_models):
+    path, _ = tiny_models["llama"]
+    bs = 4
+    engine = make_engine(path, block_size=bs, kv_cache_bytes=64 * 4096)
+    stem, idle = list(range(100, 140)), list(range(300, 340))  # 10 blocks each
+    old, new = stem + [1] * 16, stem + [2] * 16  # the agent rewinds: a new branch
+    for request_id, prompt, session in (("old", old, "agent"), ("idle", idle, "other")):
+        engine.add_request(request_id, prompt, greedy(1), session)
+    while engine.has_work():
+        engine.step()
+    engine.add_request("new", new, greedy(1), "agent")
+    while engine.has_work():
+        engine.step()
+    assert engine.pool.num_cached == 28  # stem, both branches, the idle agent
+    # A stranger needs every free block and six cached ones.
+    need = engine.num_blocks - engine.pool.num_cached + 6
+    engine.add_request("big", [7 + i % 50 for i in range(need * bs)], greedy(1))
+    while engine.has_work():
+        engine.step()
+    keys = {}
+    for name, prompt in (("old", old), ("new", new), ("idle", idle)):
+        keys[name] = []
+        extend_keys(keys[name], prompt, len(prompt) // bs, bs)
+    cached = [k for k in keys["new"] if engine.pool.lookup(k) is not None]
+    assert len(cached) == 14  # the newest turn is whole
+    assert all(engine.pool.lookup(k) is None for k in keys["old"][10:])  # superseded: gone
+    idle_left = [engine.pool.lookup(k) is not None for k in keys["idle"]]
+    assert idle_left == [True] * 8 + [False] * 2  # then the idle agent, from its tail

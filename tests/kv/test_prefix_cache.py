@@ -1,0 +1,141 @@
+"""Prefix caching in the engine: hits across turns, sharing, and outputs equal to a cold run."""
+
+import pytest
+
+from kamado.engine.sampling_params import SamplingParams
+from tests.engine.conftest import greedy, hf_greedy, make_engine, run
+
+BS = 4
+
+
+def cached(engine, request_id, prompt, params, session=None) -> tuple[list[int], int]:
+    """Run one request; returns its tokens and the cached prompt tokens it reported."""
+    engine.add_request(request_id, prompt, params, session)
+    tokens, hit = [], None
+    while engine.has_work():
+        for delta in engine.step():
+            if delta.request_id == request_id and delta.index == 0:
+                tokens += delta.new_token_ids
+                hit = delta.num_cached_tokens
+    return tokens, hit
+
+
+def assert_no_leaks(engine):
+    assert engine.pool.num_used == 0
+    assert all(c == 0 for c in engine.pool.ref_counts)
+
+
+def test_follow_up_turn_reuses_the_conversation_and_matches_transformers(tiny_models):
+    path, reference = tiny_models["qwen2"]
+    engine = make_engine(path, block_size=BS)
+    turn1 = list(range(10, 47))  # 37 tokens: 9 full blocks
+    out1, hit1 = cached(engine, "t1", turn1, greedy(8), "agent-a")
+    assert hit1 == 0
+    turn2 = turn1 + out1 + [300, 301, 302, 303, 304]
+    out2, hit2 = cached(engine, "t2", turn2, greedy(10), "agent-a")
+    # Every full block of turn 1's prompt and output, bar the one the sampled token opened.
+    assert hit2 == (len(turn1) + len(out1) - 1) // BS * BS
+    assert out2 == hf_greedy(reference, turn2, 10)
+    assert engine.prefix.stats.device_hit_tokens == hit2
+    assert engine.prefix.stats.queried_tokens == len(turn1) + len(turn2)
+    assert_no_leaks(engine)
+
+
+def test_a_different_prefix_misses_and_a_shared_system_prompt_hits(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = make_engine(path, block_size=BS)
+    system = list(range(100, 124))  # 6 full blocks
+    cached(engine, "a", system + [1, 2, 3], greedy(4), "agent-a")
+    assert cached(engine, "b", [7] + system, greedy(4), "agent-b")[1] == 0
+    assert cached(engine, "c", system + [9, 9], greedy(4), "agent-c")[1] == len(system)
+
+
+def test_the_block_holding_the_last_prompt_token_is_always_computed(tiny_models):
+    path, reference = tiny_models["qwen3"]
+    engine = make_engine(path, block_size=BS)
+    prompt = list(range(20, 52))  # exactly 8 blocks
+    first, _ = cached(engine, "a", prompt, greedy(6))
+    again, hit = cached(engine, "b", prompt, greedy(6))
+    assert hit == len(prompt) - BS
+    assert again == first == hf_greedy(reference, prompt, 6)
+
+
+def test_concurrent_requests_read_the_same_blocks(tiny_models):
+    path, _ = tiny_models["llama"]
+    # Pacing off: the second request is admitted in the very next step.
+    engine = make_engine(path, block_size=BS, decode_stall_factor=float("inf"))
+    prompt = list(range(30, 70))
+    engine.add_request("first", prompt, greedy(40))
+    engine.step()  # the whole prompt is computed and its blocks cached
+    engine.add_request("second", prompt + [5], greedy(40))
+    engine.step()
+    first, second = engine._requests["first"][0], engine._requests["second"][0]
+    shared = len(prompt) // BS
+    assert second.block_table[:shared] == first.block_table[:shared]
+    assert all(engine.pool.ref_counts[b] == 2 for b in first.block_table[:shared])
+    assert second.num_cached_tokens == shared * BS
+    out = run(engine, {})
+    cold = run(make_engine(path, block_size=BS), {"second": (prompt + [5], greedy(40))})
+    # The steps already taken produced a token each; the rest must continue the cold run.
+    assert cold["second"][0][-len(out["second"][0]) :] == out["second"][0]
+    assert_no_leaks(engine)
+    assert engine.pool.num_cached > 0
+
+
+def test_n_choices_fork_from_a_cached_prefix(tiny_models):
+    path, _ = tiny_models["qwen2"]
+    prompt = list(range(5, 31))
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=10, ignore_eos=True)
+    cold = run(make_engine(path, block_size=BS), {"n": (prompt, params)})
+    engine = make_engine(path, block_size=BS)
+    cached(engine, "warm", prompt + [1], greedy(2))
+    warm = run(engine, {"n": (prompt, params)})
+    assert warm == cold
+    assert engine.prefix.stats.device_hit_tokens > 0
+    assert_no_leaks(engine)
+
+
+@pytest.mark.parametrize("max_batched", [2048, 7], ids=["preempted", "chunked"])
+def test_shared_prefixes_under_preemption_give_cold_outputs(tiny_models, max_batched):
+    path, _ = tiny_models["qwen3"]
+    system = list(range(200, 230))
+    requests = {f"r{i}": (system + [i + 1] * (3 + 5 * i), greedy(12 + 3 * i)) for i in range(6)}
+    alone = {}
+    for request_id, request in requests.items():
+        alone.update(run(make_engine(path, block_size=BS), {request_id: request}))
+    engine = make_engine(
+        path, block_size=BS, kv_cache_bytes=40 * 4096, max_num_batched_tokens=max_batched
+    )
+    first = run(engine, dict(list(requests.items())[:2]))
+    rest = run(engine, dict(list(requests.items())[2:]))
+    assert {**first, **rest} == alone
+    if max_batched == 2048:  # everything admitted at once overflows the small pool
+        assert engine.scheduler.num_preemptions > 0
+    assert engine.prefix.stats.device_hit_tokens > 0
+    assert_no_leaks(engine)
+
+
+def test_aborted_requests_free_their_blocks(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = make_engine(path, block_size=BS)
+    prompt = list(range(40, 80))
+    engine.add_request("a", prompt, greedy(50))
+    engine.add_request("b", prompt + [3], SamplingParams(n=2, max_tokens=50, seed=1))
+    for _ in range(3):
+        engine.step()
+    engine.abort("a")
+    engine.abort("b", 1)
+    engine.step()
+    engine.abort("b")
+    assert not engine.has_work()
+    assert_no_leaks(engine)
+
+
+def test_prefix_cache_off_computes_everything(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = make_engine(path, block_size=BS, enable_prefix_caching=False)
+    prompt = list(range(40, 80))
+    cached(engine, "a", prompt, greedy(3))
+    assert cached(engine, "b", prompt, greedy(3))[1] == 0
+    assert engine.pool.num_cached == 0
+    assert_no_leaks(engine)
