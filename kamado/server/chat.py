@@ -4,17 +4,14 @@ tool_choice:
 - "none": tools are neither rendered nor parsed.
 - "auto" (also when tools come without tool_choice, CLIENTS.md 1): tools rendered; tagged
   calls parsed, and bare-JSON replies unless --no-bare-json-tool-calls.
-- "required" / a named function: without grammar-constrained decoding this is steering, not
-  a guarantee. When the template writes calls as <tool_call> tags, the assistant turn is
-  started with `<tool_call>\\n{"name": "` (required) or with the named call up to its
-  arguments; the reply is parsed as usual. If no valid call comes back, the text is returned
-  with finish_reason "stop" -- never a made-up call.
+- "required" / a named function: decoding is constrained to the template's call format
+  (output_constraints.py), so the reply is always calls of the allowed tools whose arguments
+  fit their schemas; parallel_tool_calls: false allows one call only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,6 +28,7 @@ from kamado.engine.sampling_params import SamplingParams
 from kamado.server.decoding import decode_body, read_body
 from kamado.server.errors import APIError, from_generation_failure
 from kamado.server.generation import Generation
+from kamado.server.output_constraints import ToolConstraint, output_constraint
 from kamado.server.protocol import (
     ChatChoice,
     ChatCompletion,
@@ -64,7 +62,7 @@ from kamado.server.tool_calls import CallEvent, TextEvent, ToolCallParser, decla
 class ToolPlan:
     tools: dict[str, Any]  # name -> parameters schema, of tools the reply may call
     bare_json: bool
-    prefill: str = ""
+    forced: bool = False  # required / named: decoding is constrained to calls
 
 
 @dataclass
@@ -86,7 +84,6 @@ def _tool_plan(req: ChatCompletionRequest, state: ServerState) -> ToolPlan | Non
         return None
     if choice == "none":
         return None
-    tags = state.template.uses_tool_call_tags
     tools = declared_tools(req.tools)
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name
@@ -96,11 +93,25 @@ def _tool_plan(req: ChatCompletionRequest, state: ServerState) -> ToolPlan | Non
                 f"({', '.join(tools)}).",
                 param="tool_choice",
             )
-        prefill = f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": ' if tags else ""
-        return ToolPlan(declared_tools(req.tools, only=name), True, prefill)
+        return ToolPlan(declared_tools(req.tools, only=name), True, forced=True)
     if choice == "required":
-        return ToolPlan(tools, True, '<tool_call>\n{"name": "' if tags else "")
+        return ToolPlan(tools, True, forced=True)
     return ToolPlan(tools, state.options.bare_json_tool_calls)
+
+
+def _tool_constraint(
+    req: ChatCompletionRequest, plan: ToolPlan | None, state: ServerState
+) -> ToolConstraint | None:
+    if plan is None:
+        return None
+    return ToolConstraint(
+        tools=plan.tools,
+        declared=list(declared_tools(req.tools)),
+        tags=state.template.uses_tool_call_tags,
+        tags_are_tokens=state.template.tool_tags_are_tokens,
+        parallel=req.parallel_tool_calls is not False,
+        forced=plan.forced,
+    )
 
 
 async def prepare(state: ServerState, raw: bytes) -> PreparedChat:
@@ -111,26 +122,20 @@ async def prepare(state: ServerState, raw: bytes) -> PreparedChat:
         raise APIError("messages must contain at least one message.", param="messages")
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("top_logprobs requires logprobs: true.", param="top_logprobs")
-    fmt = (req.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise APIError(
-            f"response_format {fmt!r} is not supported yet (no constrained decoding); "
-            "ask for JSON in the prompt instead.",
-            param="response_format",
-        )
     plan = _tool_plan(req, state)
+    constraint = await output_constraint(
+        req, req.response_format, _tool_constraint(req, plan, state)
+    )
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     # Rendering and tokenizing a 100k-token conversation takes a while: keep it off the loop.
-    text = await asyncio.to_thread(
-        state.template.render, req.messages, tools, plan.prefill if plan else ""
-    )
+    text = await asyncio.to_thread(state.template.render, req.messages, tools)
     prompt = await asyncio.to_thread(state.template.tokenize, text)
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     budget = fit_max_tokens(len(prompt), state.max_model_len, requested, default=None)
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, budget.max_tokens, top, state.stop_token_ids)
+    params = sampling_params(req, budget.max_tokens, top, state.stop_token_ids, constraint)
     headers = {}
     if budget.clamped_from is not None:
         headers["x-kamado-max-tokens-clamped"] = str(budget.max_tokens)
@@ -143,7 +148,7 @@ class ChoiceBuilder:
     def __init__(self, index: int, plan: ToolPlan | None, state: ServerState) -> None:
         self.index = index
         self.state = state
-        self.parser = ToolCallParser(plan.tools, plan.bare_json, plan.prefill) if plan else None
+        self.parser = ToolCallParser(plan.tools, plan.bare_json) if plan else None
         self.content: list[str] = []
         self.calls: list[ResponseToolCall] = []
         self.logprobs: list[ChatTokenLogprob] = []

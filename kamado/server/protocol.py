@@ -87,6 +87,9 @@ class _SamplingFields(_Lenient):
     min_p: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool | None = False
+    # Extra body fields constraining the reply: a regular expression, or a Lark grammar.
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:

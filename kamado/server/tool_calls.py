@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kamado.server.json_schema import schema_errors
+from kamado.structured.tool_grammar import CLOSE, OPEN
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE = "```"
 
 
@@ -129,7 +129,6 @@ class ToolCallParser:
         self,
         tools: dict[str, dict[str, Any] | None],
         bare_json: bool = True,
-        prefill: str = "",
     ) -> None:
         self.tools = tools  # name -> parameters schema
         self.bare_json = bare_json
@@ -137,10 +136,6 @@ class ToolCallParser:
         self.num_bare_calls = 0
         self._mode = "start"  # start | text | tag | bare
         self._buf = ""
-        # A prompt-side prefix the model continues (e.g. `<tool_call>\n{"name": "f", ...`).
-        self.prefill = prefill
-        held = self.feed(prefill) if prefill else []
-        assert not held, "prefill must leave the parser holding text"
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text

@@ -82,11 +82,11 @@ def test_template_without_tools_still_shows_tools_and_calls(smol):
     assert "a.py\nb.py" in text
 
 
-def test_developer_role_and_prefill(qwen):
+def test_developer_role(qwen):
     r = req([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}])
-    text = qwen.render(r.messages, None, prefill="<tool_call>")
+    text = qwen.render(r.messages, None)
     assert "<|im_start|>system\nBe brief." in text
-    assert text.endswith("<|im_start|>assistant\n<tool_call>")
+    assert text.endswith("<|im_start|>assistant\n")
 
 
 def test_non_text_parts_are_a_clear_400(qwen):

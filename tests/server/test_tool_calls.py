@@ -17,8 +17,8 @@ BASH = {
 TOOLS = {"bash": BASH, "read": {"type": "object", "properties": {"path": {"type": "string"}}}}
 
 
-def run(text: str, chunk: int | None = None, bare: bool = True, prefill: str = ""):
-    parser = ToolCallParser(TOOLS, bare_json=bare, prefill=prefill)
+def run(text: str, chunk: int | None = None, bare: bool = True):
+    parser = ToolCallParser(TOOLS, bare_json=bare)
     events = []
     pieces = [text] if chunk is None else [text[i : i + chunk] for i in range(0, len(text), chunk)]
     for piece in pieces:
@@ -117,19 +117,6 @@ def test_bare_json_decided_early_when_it_cannot_be_a_call():
     assert "".join(e.text for e in out) == '{"a": 1} is a dict'
 
 
-def test_named_prefill_is_continued():
-    prefill = '<tool_call>\n{"name": "bash", "arguments": '
-    content, calls = run('{"command": "ls"}}\n</tool_call>', 3, prefill=prefill)
-    assert (content, calls) == ("", [("bash", {"command": "ls"}, False)])
-
-
-def test_failed_prefill_returns_the_whole_text():
-    prefill = '<tool_call>\n{"name": "'
-    content, calls = run("I cannot do that.", 3, prefill=prefill)
-    assert calls == []
-    assert content == prefill + "I cannot do that."
-
-
 def test_schema_checker_basics():
     assert schema_errors({"command": "x"}, BASH) == []
     assert schema_errors({"command": "x", "timeout": 1.0}, BASH) == []
@@ -143,8 +130,7 @@ def test_schema_checker_basics():
 
 @pytest.mark.parametrize("chunk", [None, 2])
 def test_call_one_brace_short_at_the_end_is_repaired(chunk):
-    prefill = '<tool_call>\n{"name": "'
-    content, calls = run('bash", "arguments": {"command": "ls"}', chunk, prefill=prefill)
+    content, calls = run('<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}', chunk)
     assert (content, calls) == ("", [("bash", {"command": "ls"}, False)])
 
 
