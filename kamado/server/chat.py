@@ -184,7 +184,8 @@ class ChoiceBuilder:
         return out
 
     def final_reason(self, engine_reason: str) -> str:
-        return "tool_calls" if self.calls else engine_reason
+        # A reply cut at max_tokens says so, even after complete calls.
+        return "tool_calls" if self.calls and engine_reason != "length" else engine_reason
 
 
 def _usage(gen: Generation) -> Usage:
