@@ -194,5 +194,6 @@ def test_agent_loop_runs_turns_without_parse_failures(server, tmp_path):
             }
         )
         for tc, (name, args) in zip(message.tool_calls, calls, strict=True):
-            messages.append({"role": "tool", "tool_call_id": tc.id, "content": run_tool(name, args)})
+            result = run_tool(name, args)
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": result})
     assert turns >= 3
