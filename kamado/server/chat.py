@@ -107,7 +107,7 @@ def _tool_constraint(
     return ToolConstraint(
         tools=plan.tools,
         declared=list(declared_tools(req.tools)),
-        tags=state.template.uses_tool_call_tags,
+        fmt=state.tool_format,
         tags_are_tokens=state.template.tool_tags_are_tokens,
         parallel=req.parallel_tool_calls is not False,
         forced=plan.forced,
@@ -148,7 +148,9 @@ class ChoiceBuilder:
     def __init__(self, index: int, plan: ToolPlan | None, state: ServerState) -> None:
         self.index = index
         self.state = state
-        self.parser = ToolCallParser(plan.tools, plan.bare_json) if plan else None
+        self.parser = (
+            ToolCallParser(plan.tools, plan.bare_json, state.tool_format) if plan else None
+        )
         self.content: list[str] = []
         self.calls: list[ResponseToolCall] = []
         self.logprobs: list[ChatTokenLogprob] = []

@@ -13,7 +13,8 @@ from typing import Any
 
 from kamado.server.errors import APIError
 from kamado.server.protocol import ChatMessage, Tool
-from kamado.server.tool_calls import CLOSE, OPEN
+from kamado.structured.tool_formats import detect_tool_format
+from kamado.structured.tool_grammar import CLOSE, OPEN
 
 # For templates that know nothing of tools: the Hermes/Qwen instructions, so the model still
 # sees the tools (silently dropping them is CLIENTS.md point 1) and answers in tags we parse.
@@ -65,8 +66,7 @@ class ChatTemplate:
         # Empty for a base model: /v1/completions still works, chat asks for a template.
         self.source: str = source
         self.knows_tools = "tools" in source
-        # Whether calls are written as <tool_call> tags (Qwen/Hermes, or our own preamble).
-        self.uses_tool_call_tags = OPEN in source or not self.knows_tools
+        self.tool_format = detect_tool_format(source)
         # Whether the vocabulary has the tags as single tokens (Qwen does), not as plain text.
         self.tool_tags_are_tokens = tokenizer is not None and all(
             len(tokenizer.encode(tag, add_special_tokens=False)) == 1 for tag in (OPEN, CLOSE)

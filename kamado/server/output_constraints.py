@@ -17,6 +17,7 @@ from typing import Any
 from kamado.server.errors import APIError
 from kamado.server.protocol import _SamplingFields
 from kamado.structured import Constraint, ConstraintError
+from kamado.structured.tool_formats import ToolFormat
 from kamado.structured.tool_grammar import tool_call_constraint
 from kamado.structured.validation import check_constraint
 
@@ -25,7 +26,7 @@ from kamado.structured.validation import check_constraint
 class ToolConstraint:
     tools: dict[str, dict[str, Any] | None]  # name -> parameters schema, of callable tools
     declared: list[str]  # names of all tools in the request, in order (for error messages)
-    tags: bool  # calls in <tool_call> tags (else one bare JSON object)
+    fmt: ToolFormat
     tags_are_tokens: bool
     parallel: bool
     forced: bool  # required / named: the reply is calls and nothing else
@@ -110,7 +111,7 @@ async def output_constraint(
     return await _checked(
         tool_call_constraint(
             tools.tools,
-            tools.tags,
+            tools.fmt,
             tools.tags_are_tokens,
             tools.parallel,
             or_json=None if tools.forced or not json_reply else json_reply[0],

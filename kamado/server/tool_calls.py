@@ -1,11 +1,14 @@
 """Tool calls out of model text, incrementally, so streams can carry them as deltas.
 
-Two forms are recognised:
-- Qwen2.5/Qwen3 (Hermes) tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
-  any number, anywhere in the reply; the name must be a declared tool.
+Two forms are recognised (the model's format, kamado/structured/tool_formats.py, decides
+what a tagged call's body looks like):
+- tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (hermes), or
+  `<tool_call><function=NAME><parameter=P>...</function></tool_call>` (qwen3_coder), any
+  number, anywhere in the reply; the name must be a declared tool.
 - bare JSON (CLIENTS.md point 10): a reply that is *only* `{"name", "arguments"}`, bare or in
   a single ```json fence, naming a declared tool with arguments valid against its schema.
   Small models write this instead of the tags; every peer server passed it on as text.
+  It is also the llama3_json format's own form (`"parameters"` for `"arguments"`).
 
 Text that merely looks like a call is never lost: whatever does not parse is emitted as text.
 Output that might still become a call is held back until it is decided.
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kamado.server.json_schema import schema_errors
+from kamado.structured.tool_formats import ToolFormat, parse_xml_call
 from kamado.structured.tool_grammar import CLOSE, OPEN
 
 FENCE = "```"
@@ -129,9 +133,12 @@ class ToolCallParser:
         self,
         tools: dict[str, dict[str, Any] | None],
         bare_json: bool = True,
+        fmt: ToolFormat = "hermes",
     ) -> None:
         self.tools = tools  # name -> parameters schema
-        self.bare_json = bare_json
+        self.fmt = fmt
+        # For llama3_json, a bare JSON call is the model's own format, not a fallback.
+        self.bare_json = bare_json or fmt == "llama3_json"
         self.num_calls = 0
         self.num_bare_calls = 0
         self._mode = "start"  # start | text | tag | bare
@@ -170,6 +177,13 @@ class ToolCallParser:
         return CallEvent(name, json.dumps(args, ensure_ascii=False), bare)
 
     def _parse_tagged(self, body: str, at_end: bool) -> CallEvent | None:
+        if self.fmt == "qwen3_coder":
+            parsed = parse_xml_call(body, self.tools)
+            return (
+                None
+                if parsed is None
+                else self._call({"name": parsed[0], "arguments": parsed[1]}, bare=False)
+            )
         try:
             return self._call(json.loads(body), bare=False)
         except json.JSONDecodeError:
@@ -188,9 +202,12 @@ class ToolCallParser:
         if body is None:
             return None
         try:
-            return self._call(json.loads(body), bare=True)
+            call = self._call(json.loads(body), bare=True)
         except json.JSONDecodeError:
             return None
+        if call is not None and self.fmt == "llama3_json":
+            call.bare = False  # the model's own format: not counted as a fallback
+        return call
 
     def _emit(self, events: list[Event], ev: Event) -> None:
         if isinstance(ev, CallEvent):

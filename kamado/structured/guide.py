@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 import weakref
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,19 +29,32 @@ log = logging.getLogger(__name__)
 _GRAMMAR_CACHE_SIZE = 64  # agents resend the same tool schemas every turn
 
 
+@dataclass
+class GuideStats:
+    """Where constrained decoding spends time (for `kamado bench --structured`)."""
+
+    masks: int = 0  # token masks computed (one per constrained row per step)
+    compute_s: float = 0.0  # mask computation on the worker thread, beside the forward pass
+    wait_s: float = 0.0  # engine thread blocked on masks not ready when the logits were
+    apply_s: float = 0.0  # masking the logits rows
+    advance_s: float = 0.0  # feeding sampled tokens to the matchers
+
+
 class MaskJob:
     """The masks of one step, being computed beside the forward pass."""
 
-    def __init__(self, future: concurrent.futures.Future[torch.Tensor], rows: list[int]) -> None:
-        self._future = future
-        self.rows = rows  # which logits rows are constrained
+    def __init__(self, future: concurrent.futures.Future[torch.Tensor], stats: GuideStats) -> None:
+        self._future = future  # -> forbidden tokens, bool [logits rows, vocab]
+        self._stats = stats
 
     def apply(self, logits: torch.Tensor) -> None:
         """Forbid, in place, every token the grammars do not allow next."""
-        allowed = self._future.result()
-        vocab = logits.shape[-1]
-        index = torch.tensor(self.rows)
-        logits[index] = logits[index].masked_fill(~allowed[:, :vocab], float("-inf"))
+        started = time.perf_counter()
+        forbidden = self._future.result()
+        ready = time.perf_counter()
+        logits.masked_fill_(forbidden[:, : logits.shape[-1]], float("-inf"))
+        self._stats.wait_s += ready - started
+        self._stats.apply_s += time.perf_counter() - ready
 
 
 class Guides:
@@ -54,6 +69,7 @@ class Guides:
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._fresh: OrderedDict[str, Any] = OrderedDict()  # grammar -> unstarted matcher
         self._matchers: weakref.WeakKeyDictionary[Sequence, Any] = weakref.WeakKeyDictionary()
+        self.stats = GuideStats()
 
     def check(self, constraint: Constraint) -> None:
         """Make sure the constraint can run here; raise ConstraintError saying why not."""
@@ -68,14 +84,16 @@ class Guides:
             return None
         matchers = [self._matcher(seqs[i]) for i in rows]
         assert self._worker is not None
-        return MaskJob(self._worker.submit(self._masks, matchers), rows)
+        return MaskJob(self._worker.submit(self._forbidden, matchers, rows, len(seqs)), self.stats)
 
     def advance(self, seq: Sequence, token: int) -> bool:
         """Feed the sampled token; True when the grammar is complete (the sequence stops)."""
         matcher = self._matchers.get(seq)
         if matcher is None:
             return False
+        started = time.perf_counter()
         matcher.consume_token(token)
+        self.stats.advance_s += time.perf_counter() - started
         if matcher.is_error():
             log.warning("constrained request %s: %s", seq.request_id, matcher.get_error())
             return True
@@ -83,15 +101,24 @@ class Guides:
 
     # ---- internals ---------------------------------------------------------------------
 
-    def _masks(self, matchers: list[Any]) -> torch.Tensor:
-        """Bool masks [rows, vocab]: unpacked here too, off the engine thread."""
+    def _forbidden(self, matchers: list[Any], rows: list[int], num_rows: int) -> torch.Tensor:
+        """Forbidden tokens of every logits row (none in unconstrained rows), as one bool
+        tensor, so that the engine thread masks the logits in a single in-place op."""
         from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask_par
 
+        started = time.perf_counter()
         bits = allocate_token_bitmask(len(matchers), self._vocab_size)
         fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bits)
         shifts = torch.arange(32, dtype=torch.int32)
-        unpacked = (bits.unsqueeze(-1) >> shifts) & 1
-        return unpacked.view(len(matchers), -1).bool()
+        allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(matchers), -1).bool()
+        if len(rows) == num_rows:
+            forbidden = ~allowed
+        else:
+            forbidden = torch.zeros(num_rows, allowed.shape[-1], dtype=torch.bool)
+            forbidden[rows] = ~allowed
+        self.stats.masks += len(matchers)
+        self.stats.compute_s += time.perf_counter() - started
+        return forbidden
 
     def _matcher(self, seq: Sequence) -> Any:
         matcher = self._matchers.get(seq)
