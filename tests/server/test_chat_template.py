@@ -74,7 +74,7 @@ def test_agent_turn_renders_tool_calls_results_and_parts(qwen):
 
 
 def test_template_without_tools_still_shows_tools_and_calls(smol):
-    assert not smol.knows_tools and smol.uses_tool_call_tags
+    assert not smol.knows_tools and smol.tool_format == "hermes"
     r = req(AGENT_TURN, tools=[BASH])
     text = smol.render(r.messages, r.tools)
     assert "<tools>" in text and '"name": "bash"' in text
