@@ -55,7 +55,15 @@ from kamado.server.streaming import (
     unless_disconnected,
     with_heartbeats,
 )
-from kamado.server.tool_calls import CallEvent, TextEvent, ToolCallParser, declared_tools
+from kamado.server.tool_calls import (
+    ArgumentsEvent,
+    CallEvent,
+    CallStartEvent,
+    Event,
+    TextEvent,
+    ToolCallParser,
+    declared_tools,
+)
 
 
 @dataclass
@@ -149,14 +157,17 @@ class ChoiceBuilder:
         self.index = index
         self.state = state
         self.parser = (
-            ToolCallParser(plan.tools, plan.bare_json, state.tool_format) if plan else None
+            ToolCallParser(plan.tools, plan.bare_json, state.tool_format, plan.forced)
+            if plan
+            else None
         )
+        self._started_id: str | None = None  # id of a call whose name is already streamed
         self.content: list[str] = []
         self.calls: list[ResponseToolCall] = []
         self.logprobs: list[ChatTokenLogprob] = []
         self.finish_reason: str | None = None
 
-    def events(self, text: str, final: bool) -> list[TextEvent | CallEvent]:
+    def events(self, text: str, final: bool) -> list[Event]:
         if self.parser is None:
             return [TextEvent(text)] if text else []
         events = self.parser.feed(text) if text else []
@@ -164,11 +175,16 @@ class ChoiceBuilder:
             events += self.parser.finish()
         return events
 
+    def start_call(self) -> str:
+        self._started_id = f"call_{uuid.uuid4().hex[:24]}"
+        return self._started_id
+
     def call(self, ev: CallEvent) -> ResponseToolCall:
         call = ResponseToolCall(
-            id=f"call_{uuid.uuid4().hex[:24]}",
+            id=self._started_id or f"call_{uuid.uuid4().hex[:24]}",
             function=ResponseFunctionCall(name=ev.name, arguments=ev.arguments),
         )
+        self._started_id = None
         self.calls.append(call)
         if ev.bare:
             self.state.metrics.bare_json_tool_calls.inc()
@@ -205,7 +221,7 @@ async def _collect(state: ServerState, prep: PreparedChat, gen: Generation) -> C
             for ev in b.events(up.text, up.finish_reason is not None):
                 if isinstance(ev, TextEvent):
                     b.content.append(ev.text)
-                else:
+                elif isinstance(ev, CallEvent):
                     b.call(ev)
             if up.finish_reason is not None:
                 b.finish_reason = b.final_reason(up.finish_reason)
@@ -270,8 +286,19 @@ async def _stream(
                         yield chunk(up.index, {"content": ev.text}, lps=pending_lps[up.index])
                         pending_lps[up.index] = []
                         continue
+                    k = len(b.calls)  # index of the call this event belongs to
+                    if isinstance(ev, CallStartEvent):
+                        head = {"index": k, "id": b.start_call(), "type": "function"}
+                        head["function"] = {"name": ev.name, "arguments": ""}
+                        yield chunk(up.index, {"tool_calls": [head]})
+                        continue
+                    if isinstance(ev, ArgumentsEvent):
+                        args = {"index": k, "function": {"arguments": ev.text}}
+                        yield chunk(up.index, {"tool_calls": [args]})
+                        continue
                     call = b.call(ev)
-                    k = len(b.calls) - 1
+                    if ev.streamed:
+                        continue
                     head = {"index": k, "id": call.id, "type": "function"}
                     head["function"] = {"name": call.function.name, "arguments": ""}
                     yield chunk(up.index, {"tool_calls": [head]})

@@ -11,12 +11,15 @@ what a tagged call's body looks like):
   It is also the llama3_json format's own form (`"parameters"` for `"arguments"`).
 
 Text that merely looks like a call is never lost: whatever does not parse is emitted as text.
-Output that might still become a call is held back until it is decided.
+Output that might still become a call is held back until it is decided. Only when the
+grammar guarantees the calls (forced tool_choice, hermes format) does a call go out as it
+is generated: its name first, then fragments of its arguments.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +40,23 @@ class CallEvent:
     name: str
     arguments: str  # JSON text of an object
     bare: bool  # came from bare/fenced JSON rather than tags
+    streamed: bool = False  # already sent as CallStartEvent + ArgumentsEvents
 
 
-Event = TextEvent | CallEvent
+@dataclass
+class CallStartEvent:
+    name: str
+
+
+@dataclass
+class ArgumentsEvent:
+    text: str  # the next piece of the current call's arguments JSON
+
+
+Event = TextEvent | CallEvent | CallStartEvent | ArgumentsEvent
+
+# How a constrained hermes call begins (the grammar writes JSON with ", " and ": ").
+_CALL_HEAD = re.compile(r'\s*\{"name": "([^"\\]+)", "arguments": ')
 
 
 def _brackets(s: str) -> tuple[list[tuple[int, str]], bool]:
@@ -134,9 +151,13 @@ class ToolCallParser:
         tools: dict[str, dict[str, Any] | None],
         bare_json: bool = True,
         fmt: ToolFormat = "hermes",
+        stream_arguments: bool = False,
     ) -> None:
         self.tools = tools  # name -> parameters schema
         self.fmt = fmt
+        # Calls are grammar-guaranteed: send each as it is generated, not once it is whole.
+        self.stream_arguments = stream_arguments and fmt == "hermes"
+        self._streaming: list[int] | None = None  # [arguments start, sent up to] in _buf
         # For llama3_json, a bare JSON call is the model's own format, not a fallback.
         self.bare_json = bare_json or fmt == "llama3_json"
         self.num_calls = 0
@@ -209,6 +230,22 @@ class ToolCallParser:
             call.bare = False  # the model's own format: not counted as a fallback
         return call
 
+    def _stream_progress(self, events: list[Event]) -> None:
+        """Send the name of the call being generated, then its arguments as they grow."""
+        buf = self._buf
+        if self._streaming is None:
+            head = _CALL_HEAD.match(buf)
+            if head is None or head.group(1) not in self.tools:
+                return
+            events.append(CallStartEvent(head.group(1)))
+            self._streaming = [head.end(), head.end()]
+        start, sent = self._streaming
+        end = _json_object_end(buf[start:]) if buf[start:].startswith("{") else None
+        upto = len(buf) if end is None else start + end
+        if upto > sent:
+            events.append(ArgumentsEvent(buf[sent:upto]))
+            self._streaming[1] = upto
+
     def _emit(self, events: list[Event], ev: Event) -> None:
         if isinstance(ev, CallEvent):
             self.num_calls += 1
@@ -260,6 +297,8 @@ class ToolCallParser:
                 return events
             elif self._mode == "tag":
                 idx = buf.find(CLOSE)
+                if self.stream_arguments:
+                    self._stream_progress(events)
                 if idx < 0 and not final:
                     return events
                 body = buf if idx < 0 else buf[:idx]
@@ -267,7 +306,14 @@ class ToolCallParser:
                 self._buf = "" if idx < 0 else buf[idx + len(CLOSE) :]
                 self._mode = "text"
                 call = self._parse_tagged(body, at_end=idx < 0)
-                self._emit(events, call or TextEvent(raw))
+                if self._streaming is not None:
+                    # Already sent as it came; a call cut short by max_tokens stays as sent.
+                    self._streaming = None
+                    if call is not None:
+                        call.streamed = True
+                        self._emit(events, call)
+                else:
+                    self._emit(events, call or TextEvent(raw))
                 if idx < 0:
                     return events
             else:  # bare

@@ -132,7 +132,7 @@ async def test_streamed_calls_reassemble_to_the_non_streamed_ones(server):
             stream=True,
         )
         calls: dict[int, dict] = {}
-        finish = None
+        finish, fragments = None, 0
         async for chunk in stream:
             for c in chunk.choices:
                 finish = c.finish_reason or finish
@@ -142,7 +142,9 @@ async def test_streamed_calls_reassemble_to_the_non_streamed_ones(server):
                         assert tc.id and tc.function.name
                         calls[tc.index] = {"name": tc.function.name, "arguments": ""}
                     calls[tc.index]["arguments"] += tc.function.arguments or ""
+                    fragments += bool(tc.function.arguments)
         assert finish == "tool_calls"
+        assert fragments > 1  # arguments streamed as generated, not in one piece
         got = [(c["name"], json.loads(c["arguments"])) for c in calls.values()]
         assert got == valid_calls(expected.message)
     await client.close()

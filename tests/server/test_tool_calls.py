@@ -7,7 +7,13 @@ import json
 import pytest
 
 from kamado.server.json_schema import schema_errors
-from kamado.server.tool_calls import CallEvent, TextEvent, ToolCallParser
+from kamado.server.tool_calls import (
+    ArgumentsEvent,
+    CallEvent,
+    CallStartEvent,
+    TextEvent,
+    ToolCallParser,
+)
 
 BASH = {
     "type": "object",
@@ -137,3 +143,32 @@ def test_call_one_brace_short_at_the_end_is_repaired(chunk):
 def test_repair_needs_a_schema_valid_call():
     text = '<tool_call>\n{"name": "bash", "arguments": {"timeout": 1}'
     assert run(text) == (text, [])
+
+
+def test_forced_calls_stream_name_first_then_argument_fragments():
+    text = (
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la", "timeout": 5}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "read", "arguments": {"path": "a"}}\n</tool_call>'
+    )
+    parser = ToolCallParser(TOOLS, bare_json=True, stream_arguments=True)
+    events = []
+    for i in range(0, len(text), 4):
+        events += parser.feed(text[i : i + 4])
+    events += parser.finish()
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "CallStartEvent" and kinds.count("CallStartEvent") == 2
+    first_args = events[1 : kinds.index("CallEvent")]
+    assert len(first_args) > 3 and all(isinstance(e, ArgumentsEvent) for e in first_args)
+    assert json.loads("".join(e.text for e in first_args)) == {"command": "ls -la", "timeout": 5}
+    calls = [e for e in events if isinstance(e, CallEvent)]
+    assert [c.name for c in calls] == ["bash", "read"] and all(c.streamed for c in calls)
+    assert not [e for e in events if isinstance(e, TextEvent)]
+
+
+def test_streamed_call_cut_short_is_not_repeated_as_text():
+    parser = ToolCallParser(TOOLS, bare_json=True, stream_arguments=True)
+    events = parser.feed('<tool_call>\n{"name": "bash", "arguments": {"command": "l')
+    events += parser.finish()
+    assert isinstance(events[0], CallStartEvent)
+    assert "".join(e.text for e in events[1:]) == '{"command": "l'
+    assert all(isinstance(e, ArgumentsEvent) for e in events[1:])
