@@ -119,6 +119,7 @@ def _tool_constraint(
         tags_are_tokens=state.template.tool_tags_are_tokens,
         parallel=req.parallel_tool_calls is not False,
         forced=plan.forced,
+        strict=any(t.function.strict for t in req.tools or [] if t.function.name in plan.tools),
     )
 
 

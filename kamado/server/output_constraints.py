@@ -5,7 +5,8 @@
 - extra body fields: `guided_regex` (a regular expression the whole reply matches) and
   `guided_grammar` (a Lark grammar, llguidance dialect).
 - tools: with tool_choice "required" or a named function, the reply is the tool calls.
-  Under "auto" with a JSON response_format, the reply is either calls or that JSON.
+  Under "auto" with a JSON response_format, the reply is either calls or that JSON; under
+  "auto" with a strict tool, text or valid calls.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class ToolConstraint:
     tags_are_tokens: bool
     parallel: bool
     forced: bool  # required / named: the reply is calls and nothing else
+    strict: bool  # a callable tool asks for strict arguments (function.strict)
 
 
 async def _checked(constraint: Constraint, param: str) -> Constraint:
@@ -99,7 +101,10 @@ async def output_constraint(
             f"{guided[1]} cannot be combined with tools (unless tool_choice is none).",
             param=guided[1],
         )
-    if not tools.forced and not json_reply:
+    # Under auto, text may stand beside calls; a grammar can only keep it apart from calls
+    # when the call tags are single tokens (text cannot spell them).
+    text_beside_calls = tools.fmt != "llama3_json" and tools.tags_are_tokens
+    if not tools.forced and not json_reply and not (tools.strict and text_beside_calls):
         return None  # auto: the model answers in text or calls, parsed as it comes
     # Each part on its own first, so that an error names the part.
     if json_reply:
@@ -115,6 +120,7 @@ async def output_constraint(
             tools.tags_are_tokens,
             tools.parallel,
             or_json=None if tools.forced or not json_reply else json_reply[0],
+            or_text=not tools.forced and not json_reply,
         ),
         "tools",
     )

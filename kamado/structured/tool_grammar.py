@@ -67,10 +67,13 @@ def tool_call_constraint(
     tags_are_tokens: bool,
     parallel: bool,
     or_json: dict[str, Any] | None = None,
+    or_text: bool = False,
 ) -> Constraint:
     """A Lark constraint: one call (or, with `parallel`, several) of the given tools.
 
-    `or_json`, a JSON schema, allows a JSON reply of that schema instead of calls.
+    `or_json`, a JSON schema, allows a JSON reply of that schema instead of calls; `or_text`
+    allows free text, before the calls or instead of them. Free text cannot contain a tag
+    that is a single token, so any call in the reply is still a valid one.
     """
     rules = []
     for i, (name, parameters) in enumerate(tools.items()):
@@ -93,4 +96,7 @@ def tool_call_constraint(
     if or_json is not None:
         rules.append(f"reply: {_json(or_json)}")
         start += " | reply"
+    elif or_text:
+        start = f"start: TEXT? {calls} | TEXT"
+        rules.append("TEXT: /(?s:.)+/")
     return Constraint("lark", "\n".join([start, *rules]))

@@ -96,3 +96,17 @@ def test_xml_body_with_text_between_parameters_is_not_a_call():
     body = "\n<function=write_file>\n<parameter=path>\na\n</parameter>\nhmm\n</function>\n"
     assert parse_xml_call(body, TOOLS) is None
     assert parse_xml_call(body.replace("hmm\n", ""), TOOLS) == ("write_file", {"path": "a"})
+
+
+@pytest.mark.slow
+def test_text_or_valid_calls_under_auto_with_strict_tools(tokenizers):
+    tok, llt = tokenizers
+    constraint = tool_call_constraint(TOOLS, "hermes", True, True, or_text=True)
+
+    def ok(text: str) -> bool:
+        matcher = llguidance.LLMatcher(llt, constraint.grammar(), log_level=0)
+        return matcher.consume_tokens(tok.encode(text)) and matcher.is_accepting()
+
+    assert ok("Nothing to do: the file is {already} <b>fine</b>.")
+    assert ok("Writing it now.\n" + CALLS["hermes"])
+    assert not ok("Writing it now.\n" + BAD_ARGUMENTS["hermes"])
