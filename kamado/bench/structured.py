@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
 
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
 from kamado.models import load_tokenizer, resolve_model
 from kamado.structured import Constraint
-from kamado.structured.guide import GuideStats
+from kamado.structured.guide import Guides, GuideStats
 
 RECORD = {
     "type": "object",
@@ -48,9 +51,7 @@ class StructuredRun:
     matcher_advance_ms: float = 0.0
 
 
-def _prompts(model: str, batch: int) -> list[list[int]]:
-    tokenizer = load_tokenizer(resolve_model(model))
-    assert tokenizer is not None, "needs a model with a tokenizer"
+def _prompts(tokenizer: Any, batch: int) -> list[list[int]]:
     out = []
     for i in range(batch):
         ask = f"List lint findings for {TOPICS[i % len(TOPICS)]} (#{i}) as a JSON array."
@@ -100,13 +101,30 @@ def _run(
 
 
 def run_structured(
-    model: str, dtype: str, gen_len: int, batches: tuple[int, ...] = (1, 8), repeats: int = 2
+    model: str,
+    dtype: str,
+    gen_len: int,
+    tokenizer_dir: str | None = None,
+    batches: tuple[int, ...] = (1, 8),
+    repeats: int = 2,
 ) -> list[dict]:
-    engine = EngineCore(EngineConfig(model=model, dtype=dtype))
+    """`tokenizer_dir` gives a synthetic model (random weights at a real shape, for GPUs
+    without the model file) a real model's tokenizer: masks cost the same for any weights."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = EngineCore(EngineConfig(model=model, dtype=dtype, device=device))
+    if tokenizer_dir is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        config = engine.model_config
+        engine.guides = Guides(model, config.vocab_size, config.eos_token_ids, tokenizer)
+    else:
+        tokenizer = load_tokenizer(resolve_model(model))
+        assert tokenizer is not None, "a synthetic model needs --tokenizer"
     rows: list[StructuredRun] = []
-    _run(engine, _prompts(model, 1), 8, True, "warm-up")  # builds the llguidance tokenizer
+    _run(engine, _prompts(tokenizer, 1), 8, True, "warm-up")  # builds the llguidance tokenizer
     for batch in batches:
-        prompts = _prompts(model, batch)
+        prompts = _prompts(tokenizer, batch)
         # Alternate the two kinds, so drift in a shared machine's load hits both alike.
         for r in range(repeats):
             for constrained in (False, True):

@@ -60,10 +60,17 @@ class MaskJob:
 class Guides:
     """Matchers of the engine's constrained sequences, built lazily from the model's tokenizer."""
 
-    def __init__(self, model: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        model: str,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        hf_tokenizer: Any = None,  # else the model's own (synthetic models have none)
+    ) -> None:
         self._model = model
         self._vocab_size = vocab_size
         self._eos = list(eos_token_ids)
+        self._hf_tokenizer = hf_tokenizer
         self._tokenizer: Any = None  # llguidance.LLTokenizer, built on first use (~1 s)
         self._executor: Any = None  # llguidance.LLExecutor
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
@@ -104,10 +111,12 @@ class Guides:
     def _forbidden(self, matchers: list[Any], rows: list[int], num_rows: int) -> torch.Tensor:
         """Forbidden tokens of every logits row (none in unconstrained rows), as one bool
         tensor, so that the engine thread masks the logits in a single in-place op."""
-        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask_par
+        from llguidance.torch import fill_next_token_bitmask_par
 
         started = time.perf_counter()
-        bits = allocate_token_bitmask(len(matchers), self._vocab_size)
+        # Plain memory: llguidance's allocator pins it on CUDA machines, costly every step,
+        # and the logits are masked on the CPU anyway.
+        bits = torch.zeros(len(matchers), (self._vocab_size + 31) // 32, dtype=torch.int32)
         fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bits)
         shifts = torch.arange(32, dtype=torch.int32)
         allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(matchers), -1).bool()
@@ -151,7 +160,7 @@ class Guides:
                 raise ConstraintError("structured outputs need the llguidance package") from None
             from kamado.models import load_tokenizer, resolve_model
 
-            hf = load_tokenizer(resolve_model(self._model, allow_pull=False))
+            hf = self._hf_tokenizer or load_tokenizer(resolve_model(self._model, allow_pull=False))
             if hf is None:
                 raise ConstraintError("this model has no tokenizer to constrain outputs with")
             self._tokenizer = llguidance.hf.from_tokenizer(

@@ -70,7 +70,7 @@ def valid_calls(message, names=tuple(SCHEMAS)) -> list[tuple[str, dict]]:
     return calls
 
 
-async def ask_all(server: Server, tool_choice, prompts=PROMPTS, **kw) -> list:
+async def ask_all(server: Server, tool_choice, prompts=PROMPTS, tools=TOOLS, **kw) -> list:
     client = server.async_client()
     try:
         replies = await asyncio.gather(
@@ -78,7 +78,7 @@ async def ask_all(server: Server, tool_choice, prompts=PROMPTS, **kw) -> list:
                 client.chat.completions.create(
                     model=server.model,
                     messages=[{"role": "user", "content": p}],
-                    tools=TOOLS,
+                    tools=tools,
                     tool_choice=tool_choice,
                     temperature=0,
                     max_tokens=80,
@@ -115,6 +115,22 @@ async def test_named_calls_always_call_that_tool(server):
             assert choice.finish_reason == "tool_calls", choice.message
             calls = valid_calls(choice.message, names=(name,))
             assert len(calls) == 1
+
+
+async def test_auto_with_strict_tools_or_a_json_format_gives_valid_calls(server):
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    for choice in await ask_all(server, "auto", PROMPTS[:3], tools=strict):
+        assert choice.message.content or valid_calls(choice.message)
+    answer = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 40}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    json_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": answer}}
+    for choice in await ask_all(server, "auto", PROMPTS[:3], response_format=json_format):
+        if not valid_calls(choice.message):
+            jsonschema.validate(json.loads(choice.message.content), answer)
 
 
 async def test_streamed_calls_reassemble_to_the_non_streamed_ones(server):
