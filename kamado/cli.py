@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from kamado.config import DEFAULT_MODEL
+from kamado.structured.tool_formats import TOOL_FORMATS
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +37,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not turn a reply that is only a JSON tool call into tool_calls",
     )
+    p.add_argument(
+        "--tool-call-format",
+        default=None,
+        choices=TOOL_FORMATS,
+        help="how the model writes tool calls (default: read from the chat template)",
+    )
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
@@ -51,10 +58,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="offline throughput and fairness benchmarks")
     p.add_argument("--model", action="append", help="model(s) to benchmark (repeatable)")
     p.add_argument("--fairness", action="store_true", help="decode gaps beside a long prefill")
+    p.add_argument(
+        "--structured", action="store_true", help="constrained vs unconstrained decoding"
+    )
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--no-peer", action="store_true", help="skip transformers side by side")
+    p.add_argument("--tokenizer", default=None, help="HF tokenizer dir (--structured, synthetic)")
     p.add_argument("--out", default=None, help="write raw results JSON here")
 
 

@@ -1,5 +1,6 @@
-"""`kamado bench`: throughput beside transformers, or decode fairness beside a long prefill.
-`kamado replay`: agent traces, written or replayed against a server."""
+"""`kamado bench`: throughput beside transformers, decode fairness beside a long prefill, or
+constrained vs unconstrained decoding. `kamado replay`: agent traces, written or replayed
+against a server."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
         results = run_fairness(model, args.dtype, args.prompt_len or 16384, not args.no_peer)
         write_results(args.out, "fairness", results)
+        return 0
+    if args.structured:
+        from kamado.bench.structured import run_structured
+
+        model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
+        results = run_structured(model, args.dtype, args.gen_len or 64, args.tokenizer)
+        write_results(args.out, "structured", results)
         return 0
     from kamado.bench.throughput import run_throughput
 

@@ -22,6 +22,8 @@ from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
 from kamado.kv.disk_tier import DiskTier
 from kamado.kv.prefix_cache import PrefixCache
+from kamado.structured.constraint import ConstraintError
+from kamado.structured.guide import Guides
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,9 @@ class EngineCore:
             self.pacer,
         )
         self.eos_token_ids = set(self.model_config.eos_token_ids)
+        self.guides = Guides(
+            config.model, self.model_config.vocab_size, self.model_config.eos_token_ids
+        )
         self._requests: dict[str, list[Sequence]] = {}
         self._arrivals = 0
         self.stats = EngineStats(kv_blocks_total=self.num_blocks)
@@ -119,6 +124,11 @@ class EngineCore:
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already running")
         self._check_prompt(prompt_token_ids)
+        if params.constraint is not None:
+            try:
+                self.guides.check(params.constraint)
+            except ConstraintError as e:
+                raise RequestError(f"the output constraint cannot be used: {e}") from None
         if continue_from is not None:
             self._check_continuation(prompt_token_ids, params, continue_from)
             seqs = [
@@ -206,7 +216,7 @@ class EngineCore:
         if not batch:
             return []
         started = time.perf_counter()
-        sampled = self.runner.execute(batch)
+        sampled = self.runner.execute(batch, self.guides)
         seconds = time.perf_counter() - started
         num_decodes = sum(1 for item in batch if item.num_new == 1 and item.samples)
         num_prefill = sum(item.num_new for item in batch) - num_decodes
@@ -227,7 +237,8 @@ class EngineCore:
         seq.token_ids.append(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
-        reason = self._finish_reason(seq, token)
+        grammar_done = self.guides.advance(seq, token)
+        reason = "stop" if grammar_done else self._finish_reason(seq, token)
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._forget_if_done(seq.request_id)

@@ -13,6 +13,7 @@ from kamado.engine.sequence import Sequence
 from kamado.kv.cache import KVCache
 from kamado.models.rope import RotaryEmbedding
 from kamado.models.transformer import StepContext, Transformer
+from kamado.structured.guide import Guides
 
 
 class ModelRunner:
@@ -38,11 +39,14 @@ class ModelRunner:
         self.sampler = Sampler(engine_config.seed)
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> list[tuple[Sequence, int, TokenLogprob | None]]:
+    def execute(
+        self, batch: list[ScheduledSeq], guides: Guides | None = None
+    ) -> list[tuple[Sequence, int, TokenLogprob | None]]:
         """Run one forward pass; return (sequence, next token, logprob) for each sampled row.
 
         A sequence that finishes its prompt while siblings wait to fork from it samples
-        one row per sibling from the same logits.
+        one row per sibling from the same logits. Rows of constrained sequences are masked
+        by `guides`, whose masks are computed while the model runs.
         """
         input_ids: list[int] = []
         positions: list[int] = []
@@ -59,6 +63,7 @@ class ModelRunner:
                 for target in (seq, *seq.pending_forks):
                     rows.append(len(input_ids) - 1)
                     sampled.append(target)
+        masks = guides.prepare(sampled) if guides is not None else None
         metadata = self.backend.build_metadata(chunks, self.block_size)
         ctx = StepContext(self.rope, self.backend, self.cache, metadata)
         hidden = self.model(
@@ -69,6 +74,8 @@ class ModelRunner:
         if not rows:
             return []
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]).cpu()
+        if masks is not None:
+            masks.apply(logits)
         sample_rows = [
             SampleRow(s.params, s.token_ids, s.num_prompt_tokens, s.index) for s in sampled
         ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kamado.structured.constraint import Constraint
+
 MAX_STOP_STRINGS = 64
 MAX_TOP_LOGPROBS = 20
 
@@ -26,6 +28,8 @@ class SamplingParams:
     # None: no logprobs; k >= 0: the chosen token's logprob plus the k most likely.
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # Grammar the output must follow (JSON schema, regex, Lark); None = free text.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

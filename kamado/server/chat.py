@@ -4,17 +4,14 @@ tool_choice:
 - "none": tools are neither rendered nor parsed.
 - "auto" (also when tools come without tool_choice, CLIENTS.md 1): tools rendered; tagged
   calls parsed, and bare-JSON replies unless --no-bare-json-tool-calls.
-- "required" / a named function: without grammar-constrained decoding this is steering, not
-  a guarantee. When the template writes calls as <tool_call> tags, the assistant turn is
-  started with `<tool_call>\\n{"name": "` (required) or with the named call up to its
-  arguments; the reply is parsed as usual. If no valid call comes back, the text is returned
-  with finish_reason "stop" -- never a made-up call.
+- "required" / a named function: decoding is constrained to the template's call format
+  (output_constraints.py), so the reply is always calls of the allowed tools whose arguments
+  fit their schemas; parallel_tool_calls: false allows one call only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,6 +28,7 @@ from kamado.engine.sampling_params import SamplingParams
 from kamado.server.decoding import decode_body, read_body
 from kamado.server.errors import APIError, from_generation_failure
 from kamado.server.generation import Generation
+from kamado.server.output_constraints import ToolConstraint, output_constraint
 from kamado.server.protocol import (
     ChatChoice,
     ChatCompletion,
@@ -57,14 +55,22 @@ from kamado.server.streaming import (
     unless_disconnected,
     with_heartbeats,
 )
-from kamado.server.tool_calls import CallEvent, TextEvent, ToolCallParser, declared_tools
+from kamado.server.tool_calls import (
+    ArgumentsEvent,
+    CallEvent,
+    CallStartEvent,
+    Event,
+    TextEvent,
+    ToolCallParser,
+    declared_tools,
+)
 
 
 @dataclass
 class ToolPlan:
     tools: dict[str, Any]  # name -> parameters schema, of tools the reply may call
     bare_json: bool
-    prefill: str = ""
+    forced: bool = False  # required / named: decoding is constrained to calls
 
 
 @dataclass
@@ -86,7 +92,6 @@ def _tool_plan(req: ChatCompletionRequest, state: ServerState) -> ToolPlan | Non
         return None
     if choice == "none":
         return None
-    tags = state.template.uses_tool_call_tags
     tools = declared_tools(req.tools)
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name
@@ -96,11 +101,26 @@ def _tool_plan(req: ChatCompletionRequest, state: ServerState) -> ToolPlan | Non
                 f"({', '.join(tools)}).",
                 param="tool_choice",
             )
-        prefill = f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": ' if tags else ""
-        return ToolPlan(declared_tools(req.tools, only=name), True, prefill)
+        return ToolPlan(declared_tools(req.tools, only=name), True, forced=True)
     if choice == "required":
-        return ToolPlan(tools, True, '<tool_call>\n{"name": "' if tags else "")
+        return ToolPlan(tools, True, forced=True)
     return ToolPlan(tools, state.options.bare_json_tool_calls)
+
+
+def _tool_constraint(
+    req: ChatCompletionRequest, plan: ToolPlan | None, state: ServerState
+) -> ToolConstraint | None:
+    if plan is None:
+        return None
+    return ToolConstraint(
+        tools=plan.tools,
+        declared=list(declared_tools(req.tools)),
+        fmt=state.tool_format,
+        tags_are_tokens=state.template.tool_tags_are_tokens,
+        parallel=req.parallel_tool_calls is not False,
+        forced=plan.forced,
+        strict=any(t.function.strict for t in req.tools or [] if t.function.name in plan.tools),
+    )
 
 
 async def prepare(state: ServerState, raw: bytes) -> PreparedChat:
@@ -111,26 +131,20 @@ async def prepare(state: ServerState, raw: bytes) -> PreparedChat:
         raise APIError("messages must contain at least one message.", param="messages")
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("top_logprobs requires logprobs: true.", param="top_logprobs")
-    fmt = (req.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise APIError(
-            f"response_format {fmt!r} is not supported yet (no constrained decoding); "
-            "ask for JSON in the prompt instead.",
-            param="response_format",
-        )
     plan = _tool_plan(req, state)
+    constraint = await output_constraint(
+        req, req.response_format, _tool_constraint(req, plan, state)
+    )
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     # Rendering and tokenizing a 100k-token conversation takes a while: keep it off the loop.
-    text = await asyncio.to_thread(
-        state.template.render, req.messages, tools, plan.prefill if plan else ""
-    )
+    text = await asyncio.to_thread(state.template.render, req.messages, tools)
     prompt = await asyncio.to_thread(state.template.tokenize, text)
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     budget = fit_max_tokens(len(prompt), state.max_model_len, requested, default=None)
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, budget.max_tokens, top, state.stop_token_ids)
+    params = sampling_params(req, budget.max_tokens, top, state.stop_token_ids, constraint)
     headers = {}
     if budget.clamped_from is not None:
         headers["x-kamado-max-tokens-clamped"] = str(budget.max_tokens)
@@ -143,13 +157,18 @@ class ChoiceBuilder:
     def __init__(self, index: int, plan: ToolPlan | None, state: ServerState) -> None:
         self.index = index
         self.state = state
-        self.parser = ToolCallParser(plan.tools, plan.bare_json, plan.prefill) if plan else None
+        self.parser = (
+            ToolCallParser(plan.tools, plan.bare_json, state.tool_format, plan.forced)
+            if plan
+            else None
+        )
+        self._started_id: str | None = None  # id of a call whose name is already streamed
         self.content: list[str] = []
         self.calls: list[ResponseToolCall] = []
         self.logprobs: list[ChatTokenLogprob] = []
         self.finish_reason: str | None = None
 
-    def events(self, text: str, final: bool) -> list[TextEvent | CallEvent]:
+    def events(self, text: str, final: bool) -> list[Event]:
         if self.parser is None:
             return [TextEvent(text)] if text else []
         events = self.parser.feed(text) if text else []
@@ -157,11 +176,16 @@ class ChoiceBuilder:
             events += self.parser.finish()
         return events
 
+    def start_call(self) -> str:
+        self._started_id = f"call_{uuid.uuid4().hex[:24]}"
+        return self._started_id
+
     def call(self, ev: CallEvent) -> ResponseToolCall:
         call = ResponseToolCall(
-            id=f"call_{uuid.uuid4().hex[:24]}",
+            id=self._started_id or f"call_{uuid.uuid4().hex[:24]}",
             function=ResponseFunctionCall(name=ev.name, arguments=ev.arguments),
         )
+        self._started_id = None
         self.calls.append(call)
         if ev.bare:
             self.state.metrics.bare_json_tool_calls.inc()
@@ -179,7 +203,8 @@ class ChoiceBuilder:
         return out
 
     def final_reason(self, engine_reason: str) -> str:
-        return "tool_calls" if self.calls else engine_reason
+        # A reply cut at max_tokens says so, even after complete calls.
+        return "tool_calls" if self.calls and engine_reason != "length" else engine_reason
 
 
 def _usage(gen: Generation) -> Usage:
@@ -197,7 +222,7 @@ async def _collect(state: ServerState, prep: PreparedChat, gen: Generation) -> C
             for ev in b.events(up.text, up.finish_reason is not None):
                 if isinstance(ev, TextEvent):
                     b.content.append(ev.text)
-                else:
+                elif isinstance(ev, CallEvent):
                     b.call(ev)
             if up.finish_reason is not None:
                 b.finish_reason = b.final_reason(up.finish_reason)
@@ -262,8 +287,19 @@ async def _stream(
                         yield chunk(up.index, {"content": ev.text}, lps=pending_lps[up.index])
                         pending_lps[up.index] = []
                         continue
+                    k = len(b.calls)  # index of the call this event belongs to
+                    if isinstance(ev, CallStartEvent):
+                        head = {"index": k, "id": b.start_call(), "type": "function"}
+                        head["function"] = {"name": ev.name, "arguments": ""}
+                        yield chunk(up.index, {"tool_calls": [head]})
+                        continue
+                    if isinstance(ev, ArgumentsEvent):
+                        args = {"index": k, "function": {"arguments": ev.text}}
+                        yield chunk(up.index, {"tool_calls": [args]})
+                        continue
                     call = b.call(ev)
-                    k = len(b.calls) - 1
+                    if ev.streamed:
+                        continue
                     head = {"index": k, "id": call.id, "type": "function"}
                     head["function"] = {"name": call.function.name, "arguments": ""}
                     yield chunk(up.index, {"tool_calls": [head]})

@@ -13,7 +13,8 @@ from typing import Any
 
 from kamado.server.errors import APIError
 from kamado.server.protocol import ChatMessage, Tool
-from kamado.server.tool_calls import CLOSE, OPEN
+from kamado.structured.tool_formats import detect_tool_format
+from kamado.structured.tool_grammar import CLOSE, OPEN
 
 # For templates that know nothing of tools: the Hermes/Qwen instructions, so the model still
 # sees the tools (silently dropping them is CLIENTS.md point 1) and answers in tags we parse.
@@ -65,8 +66,11 @@ class ChatTemplate:
         # Empty for a base model: /v1/completions still works, chat asks for a template.
         self.source: str = source
         self.knows_tools = "tools" in source
-        # Whether calls are written as <tool_call> tags (Qwen/Hermes, or our own preamble).
-        self.uses_tool_call_tags = OPEN in source or not self.knows_tools
+        self.tool_format = detect_tool_format(source)
+        # Whether the vocabulary has the tags as single tokens (Qwen does), not as plain text.
+        self.tool_tags_are_tokens = tokenizer is not None and all(
+            len(tokenizer.encode(tag, add_special_tokens=False)) == 1 for tag in (OPEN, CLOSE)
+        )
 
     def messages_to_dicts(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
         out = []
@@ -113,10 +117,8 @@ class ChatTemplate:
             out.append(d)
         return out
 
-    def render(
-        self, messages: list[ChatMessage], tools: list[Tool] | None = None, prefill: str = ""
-    ) -> str:
-        """Prompt text ending with the assistant generation prompt (plus `prefill`)."""
+    def render(self, messages: list[ChatMessage], tools: list[Tool] | None = None) -> str:
+        """Prompt text ending with the assistant generation prompt."""
         if not messages:
             raise APIError("messages must contain at least one message.", param="messages")
         if not self.source:
@@ -150,7 +152,7 @@ class ChatTemplate:
                 param="messages",
                 code="chat_template_error",
             ) from None
-        return text + prefill
+        return text
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Rendered chat text carries its own special tokens; raw prompts get the model's BOS."""

@@ -88,6 +88,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
         stall_timeout_s=_env_float("KAMADO_HEALTH_STALL_SECONDS", 120.0),
         heartbeat_s=_env_float("KAMADO_SSE_HEARTBEAT_SECONDS", 15.0),
         chat_template_file=args.chat_template,
+        tool_call_format=args.tool_call_format,
     )
     config = engine_config(args, str(source.path))
     print(f"kamado: loading {source.name} on {config.device} ...", flush=True)

@@ -18,6 +18,7 @@ from kamado.engine.sampling_params import SamplingParams
 from kamado.server.decoding import decode_body, read_body
 from kamado.server.errors import APIError, from_generation_failure
 from kamado.server.generation import Generation
+from kamado.server.output_constraints import output_constraint
 from kamado.server.protocol import (
     Completion,
     CompletionChoice,
@@ -91,7 +92,8 @@ async def prepare(state: ServerState, raw: bytes) -> PreparedCompletion:
         ids = prompt
     _check_ids(ids, state.vocab_size)
     budget = fit_max_tokens(len(ids), state.max_model_len, req.max_tokens, DEFAULT_MAX_TOKENS)
-    params = sampling_params(req, budget.max_tokens, req.logprobs, state.stop_token_ids)
+    constraint = await output_constraint(req)
+    params = sampling_params(req, budget.max_tokens, req.logprobs, state.stop_token_ids, constraint)
     headers = {}
     if budget.clamped_from is not None:
         headers["x-kamado-max-tokens-clamped"] = str(budget.max_tokens)

@@ -90,6 +90,9 @@ class _SamplingFields(_Lenient):
     # The agent session a request belongs to, for the prefix cache's eviction order.
     prompt_cache_key: str | None = None
     user: str | None = None
+    # Extra body fields constraining the reply: a regular expression, or a Lark grammar.
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:

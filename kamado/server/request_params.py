@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from kamado.engine.sampling_params import SamplingParams
 from kamado.server.errors import APIError
 from kamado.server.protocol import _SamplingFields
+from kamado.structured import Constraint
 
 
 @dataclass
@@ -47,6 +48,7 @@ def sampling_params(
     max_tokens: int,
     logprobs: int | None,
     stop_token_ids: list[int],
+    constraint: Constraint | None = None,
 ) -> SamplingParams:
     if req.logit_bias:
         raise APIError("logit_bias is not supported by this server.", param="logit_bias")
@@ -67,6 +69,7 @@ def sampling_params(
             stop_token_ids=[] if req.ignore_eos else stop_token_ids,
             ignore_eos=bool(req.ignore_eos),
             logprobs=logprobs,
+            constraint=constraint,
         )
     except ValueError as e:
         message = str(e)

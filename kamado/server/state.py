@@ -10,6 +10,7 @@ from kamado.server.chat_template import ChatTemplate
 from kamado.server.errors import APIError, model_not_found, queue_full
 from kamado.server.metrics import Metrics
 from kamado.server.token_text import TokenText
+from kamado.structured.tool_formats import ToolFormat
 
 
 @dataclass
@@ -25,6 +26,7 @@ class ServerOptions:
     # A streamed reply that has nothing to send for this long sends an SSE comment.
     heartbeat_s: float = 15.0
     chat_template_file: str | None = None
+    tool_call_format: ToolFormat | None = None  # None: read from the chat template
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -53,6 +55,7 @@ class ServerState:
         self.tokenizer = tokenizer
         self.options = options
         self.template = ChatTemplate(tokenizer, options.chat_template_file)
+        self.tool_format: ToolFormat = options.tool_call_format or self.template.tool_format
         self.token_text = TokenText(tokenizer)
         # End-of-turn token of the chat template; the engine also stops on the model's EOS ids.
         eos = getattr(tokenizer, "eos_token_id", None)

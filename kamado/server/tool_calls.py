@@ -1,25 +1,32 @@
 """Tool calls out of model text, incrementally, so streams can carry them as deltas.
 
-Two forms are recognised:
-- Qwen2.5/Qwen3 (Hermes) tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
-  any number, anywhere in the reply; the name must be a declared tool.
+Two forms are recognised (the model's format, kamado/structured/tool_formats.py, decides
+what a tagged call's body looks like):
+- tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (hermes), or
+  `<tool_call><function=NAME><parameter=P>...</function></tool_call>` (qwen3_coder), any
+  number, anywhere in the reply; the name must be a declared tool.
 - bare JSON (CLIENTS.md point 10): a reply that is *only* `{"name", "arguments"}`, bare or in
   a single ```json fence, naming a declared tool with arguments valid against its schema.
   Small models write this instead of the tags; every peer server passed it on as text.
+  It is also the llama3_json format's own form (`"parameters"` for `"arguments"`).
 
 Text that merely looks like a call is never lost: whatever does not parse is emitted as text.
-Output that might still become a call is held back until it is decided.
+Output that might still become a call is held back until it is decided. Only when the
+grammar guarantees the calls (forced tool_choice, hermes format) does a call go out as it
+is generated: its name first, then fragments of its arguments.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from kamado.server.json_schema import schema_errors
+from kamado.structured.tool_formats import ToolFormat, parse_xml_call
+from kamado.structured.tool_grammar import CLOSE, OPEN
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE = "```"
 
 
@@ -33,9 +40,23 @@ class CallEvent:
     name: str
     arguments: str  # JSON text of an object
     bare: bool  # came from bare/fenced JSON rather than tags
+    streamed: bool = False  # already sent as CallStartEvent + ArgumentsEvents
 
 
-Event = TextEvent | CallEvent
+@dataclass
+class CallStartEvent:
+    name: str
+
+
+@dataclass
+class ArgumentsEvent:
+    text: str  # the next piece of the current call's arguments JSON
+
+
+Event = TextEvent | CallEvent | CallStartEvent | ArgumentsEvent
+
+# How a constrained hermes call begins (the grammar writes JSON with ", " and ": ").
+_CALL_HEAD = re.compile(r'\s*\{"name": "([^"\\]+)", "arguments": ')
 
 
 def _brackets(s: str) -> tuple[list[tuple[int, str]], bool]:
@@ -129,18 +150,20 @@ class ToolCallParser:
         self,
         tools: dict[str, dict[str, Any] | None],
         bare_json: bool = True,
-        prefill: str = "",
+        fmt: ToolFormat = "hermes",
+        stream_arguments: bool = False,
     ) -> None:
         self.tools = tools  # name -> parameters schema
-        self.bare_json = bare_json
+        self.fmt = fmt
+        # Calls are grammar-guaranteed: send each as it is generated, not once it is whole.
+        self.stream_arguments = stream_arguments and fmt == "hermes"
+        self._streaming: list[int] | None = None  # [arguments start, sent up to] in _buf
+        # For llama3_json, a bare JSON call is the model's own format, not a fallback.
+        self.bare_json = bare_json or fmt == "llama3_json"
         self.num_calls = 0
         self.num_bare_calls = 0
         self._mode = "start"  # start | text | tag | bare
         self._buf = ""
-        # A prompt-side prefix the model continues (e.g. `<tool_call>\n{"name": "f", ...`).
-        self.prefill = prefill
-        held = self.feed(prefill) if prefill else []
-        assert not held, "prefill must leave the parser holding text"
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text
@@ -175,6 +198,13 @@ class ToolCallParser:
         return CallEvent(name, json.dumps(args, ensure_ascii=False), bare)
 
     def _parse_tagged(self, body: str, at_end: bool) -> CallEvent | None:
+        if self.fmt == "qwen3_coder":
+            parsed = parse_xml_call(body, self.tools)
+            return (
+                None
+                if parsed is None
+                else self._call({"name": parsed[0], "arguments": parsed[1]}, bare=False)
+            )
         try:
             return self._call(json.loads(body), bare=False)
         except json.JSONDecodeError:
@@ -193,9 +223,28 @@ class ToolCallParser:
         if body is None:
             return None
         try:
-            return self._call(json.loads(body), bare=True)
+            call = self._call(json.loads(body), bare=True)
         except json.JSONDecodeError:
             return None
+        if call is not None and self.fmt == "llama3_json":
+            call.bare = False  # the model's own format: not counted as a fallback
+        return call
+
+    def _stream_progress(self, events: list[Event]) -> None:
+        """Send the name of the call being generated, then its arguments as they grow."""
+        buf = self._buf
+        if self._streaming is None:
+            head = _CALL_HEAD.match(buf)
+            if head is None or head.group(1) not in self.tools:
+                return
+            events.append(CallStartEvent(head.group(1)))
+            self._streaming = [head.end(), head.end()]
+        start, sent = self._streaming
+        end = _json_object_end(buf[start:]) if buf[start:].startswith("{") else None
+        upto = len(buf) if end is None else start + end
+        if upto > sent:
+            events.append(ArgumentsEvent(buf[sent:upto]))
+            self._streaming[1] = upto
 
     def _emit(self, events: list[Event], ev: Event) -> None:
         if isinstance(ev, CallEvent):
@@ -248,6 +297,8 @@ class ToolCallParser:
                 return events
             elif self._mode == "tag":
                 idx = buf.find(CLOSE)
+                if self.stream_arguments:
+                    self._stream_progress(events)
                 if idx < 0 and not final:
                     return events
                 body = buf if idx < 0 else buf[:idx]
@@ -255,7 +306,14 @@ class ToolCallParser:
                 self._buf = "" if idx < 0 else buf[idx + len(CLOSE) :]
                 self._mode = "text"
                 call = self._parse_tagged(body, at_end=idx < 0)
-                self._emit(events, call or TextEvent(raw))
+                if self._streaming is not None:
+                    # Already sent as it came; a call cut short by max_tokens stays as sent.
+                    self._streaming = None
+                    if call is not None:
+                        call.streamed = True
+                        self._emit(events, call)
+                else:
+                    self._emit(events, call or TextEvent(raw))
                 if idx < 0:
                     return events
             else:  # bare

@@ -76,7 +76,7 @@ def test_wrong_types_name_the_field(smol_server, body, param, words):
         ({"top_k": -5}, ["top_k"]),
         ({"repetition_penalty": 0}, ["repetition_penalty"]),
         ({"tool_choice": "required"}, ["tools"]),
-        ({"response_format": {"type": "json_object"}}, ["response_format"]),
+        ({"response_format": {"type": "xml"}}, ["response_format", "xml"]),
         ({"logit_bias": {"5": 10}}, ["logit_bias"]),
     ],
 )

@@ -74,7 +74,7 @@ def test_agent_turn_renders_tool_calls_results_and_parts(qwen):
 
 
 def test_template_without_tools_still_shows_tools_and_calls(smol):
-    assert not smol.knows_tools and smol.uses_tool_call_tags
+    assert not smol.knows_tools and smol.tool_format == "hermes"
     r = req(AGENT_TURN, tools=[BASH])
     text = smol.render(r.messages, r.tools)
     assert "<tools>" in text and '"name": "bash"' in text
@@ -82,11 +82,11 @@ def test_template_without_tools_still_shows_tools_and_calls(smol):
     assert "a.py\nb.py" in text
 
 
-def test_developer_role_and_prefill(qwen):
+def test_developer_role(qwen):
     r = req([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}])
-    text = qwen.render(r.messages, None, prefill="<tool_call>")
+    text = qwen.render(r.messages, None)
     assert "<|im_start|>system\nBe brief." in text
-    assert text.endswith("<|im_start|>assistant\n<tool_call>")
+    assert text.endswith("<|im_start|>assistant\n")
 
 
 def test_non_text_parts_are_a_clear_400(qwen):

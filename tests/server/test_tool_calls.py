@@ -7,7 +7,13 @@ import json
 import pytest
 
 from kamado.server.json_schema import schema_errors
-from kamado.server.tool_calls import CallEvent, TextEvent, ToolCallParser
+from kamado.server.tool_calls import (
+    ArgumentsEvent,
+    CallEvent,
+    CallStartEvent,
+    TextEvent,
+    ToolCallParser,
+)
 
 BASH = {
     "type": "object",
@@ -17,8 +23,8 @@ BASH = {
 TOOLS = {"bash": BASH, "read": {"type": "object", "properties": {"path": {"type": "string"}}}}
 
 
-def run(text: str, chunk: int | None = None, bare: bool = True, prefill: str = ""):
-    parser = ToolCallParser(TOOLS, bare_json=bare, prefill=prefill)
+def run(text: str, chunk: int | None = None, bare: bool = True):
+    parser = ToolCallParser(TOOLS, bare_json=bare)
     events = []
     pieces = [text] if chunk is None else [text[i : i + chunk] for i in range(0, len(text), chunk)]
     for piece in pieces:
@@ -117,19 +123,6 @@ def test_bare_json_decided_early_when_it_cannot_be_a_call():
     assert "".join(e.text for e in out) == '{"a": 1} is a dict'
 
 
-def test_named_prefill_is_continued():
-    prefill = '<tool_call>\n{"name": "bash", "arguments": '
-    content, calls = run('{"command": "ls"}}\n</tool_call>', 3, prefill=prefill)
-    assert (content, calls) == ("", [("bash", {"command": "ls"}, False)])
-
-
-def test_failed_prefill_returns_the_whole_text():
-    prefill = '<tool_call>\n{"name": "'
-    content, calls = run("I cannot do that.", 3, prefill=prefill)
-    assert calls == []
-    assert content == prefill + "I cannot do that."
-
-
 def test_schema_checker_basics():
     assert schema_errors({"command": "x"}, BASH) == []
     assert schema_errors({"command": "x", "timeout": 1.0}, BASH) == []
@@ -143,11 +136,39 @@ def test_schema_checker_basics():
 
 @pytest.mark.parametrize("chunk", [None, 2])
 def test_call_one_brace_short_at_the_end_is_repaired(chunk):
-    prefill = '<tool_call>\n{"name": "'
-    content, calls = run('bash", "arguments": {"command": "ls"}', chunk, prefill=prefill)
+    content, calls = run('<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}', chunk)
     assert (content, calls) == ("", [("bash", {"command": "ls"}, False)])
 
 
 def test_repair_needs_a_schema_valid_call():
     text = '<tool_call>\n{"name": "bash", "arguments": {"timeout": 1}'
     assert run(text) == (text, [])
+
+
+def test_forced_calls_stream_name_first_then_argument_fragments():
+    text = (
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la", "timeout": 5}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "read", "arguments": {"path": "a"}}\n</tool_call>'
+    )
+    parser = ToolCallParser(TOOLS, bare_json=True, stream_arguments=True)
+    events = []
+    for i in range(0, len(text), 4):
+        events += parser.feed(text[i : i + 4])
+    events += parser.finish()
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "CallStartEvent" and kinds.count("CallStartEvent") == 2
+    first_args = events[1 : kinds.index("CallEvent")]
+    assert len(first_args) > 3 and all(isinstance(e, ArgumentsEvent) for e in first_args)
+    assert json.loads("".join(e.text for e in first_args)) == {"command": "ls -la", "timeout": 5}
+    calls = [e for e in events if isinstance(e, CallEvent)]
+    assert [c.name for c in calls] == ["bash", "read"] and all(c.streamed for c in calls)
+    assert not [e for e in events if isinstance(e, TextEvent)]
+
+
+def test_streamed_call_cut_short_is_not_repeated_as_text():
+    parser = ToolCallParser(TOOLS, bare_json=True, stream_arguments=True)
+    events = parser.feed('<tool_call>\n{"name": "bash", "arguments": {"command": "l')
+    events += parser.finish()
+    assert isinstance(events[0], CallStartEvent)
+    assert "".join(e.text for e in events[1:]) == '{"command": "l'
+    assert all(isinstance(e, ArgumentsEvent) for e in events[1:])
