@@ -40,6 +40,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="offline throughput and fairness benchmarks")
     p.add_argument("--model", action="append", help="model(s) to benchmark (repeatable)")
     p.add_argument("--fairness", action="store_true", help="decode gaps beside a long prefill")
+    p.add_argument(
+        "--gpu", action="store_true", help="CUDA decode/prefill against measured ceilings"
+    )
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

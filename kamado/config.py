@@ -70,6 +70,8 @@ class EngineConfig:
     # A step carrying a prefill chunk beside running decodes may take at most this many
     # times a decode-only step, so decoding streams are never frozen by a long prompt.
     decode_stall_factor: float = 1.25
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
+    # Replay decode steps from CUDA graphs (CUDA with the triton backend only).
+    cuda_graphs: bool = True
     seed: int = 0
     extra: dict = field(default_factory=dict)

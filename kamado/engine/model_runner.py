@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kamado.attention.backend import SeqChunk, make_backend
 from kamado.config import EngineConfig, ModelConfig
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.sampler import Sampler, SampleRow
+from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import ScheduledSeq
 from kamado.engine.sequence import Sequence
 from kamado.kv.cache import KVCache
 from kamado.models.rope import RotaryEmbedding
 from kamado.models.transformer import StepContext, Transformer
+
+if TYPE_CHECKING:
+    from kamado.engine.cuda_graphs import DecodeGraphs
 
 
 class ModelRunner:
@@ -36,6 +42,25 @@ class ModelRunner:
         )
         self.rope = RotaryEmbedding(model_config, self.device)
         self.sampler = Sampler(engine_config.seed)
+        self.graphs: DecodeGraphs | None = None
+        if engine_config.cuda_graphs and self.device.type == "cuda":
+            self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)
+
+    def _capture_decode_graphs(
+        self, engine_config: EngineConfig, model_config: ModelConfig, num_blocks: int
+    ) -> DecodeGraphs | None:
+        from kamado.attention.triton_backend import TritonAttention
+        from kamado.engine.cuda_graphs import DecodeGraphs
+
+        if not isinstance(self.backend, TritonAttention):
+            return None
+        max_len = min(
+            engine_config.max_model_len or model_config.max_position_embeddings,
+            num_blocks * self.block_size,
+        )
+        return DecodeGraphs(
+            self.model, self.backend, self.cache, self.rope, engine_config.max_num_seqs, max_len
+        )
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> list[tuple[Sequence, int, TokenLogprob | None]]:
@@ -59,18 +84,36 @@ class ModelRunner:
                 for target in (seq, *seq.pending_forks):
                     rows.append(len(input_ids) - 1)
                     sampled.append(target)
-        metadata = self.backend.build_metadata(chunks, self.block_size)
-        ctx = StepContext(self.rope, self.backend, self.cache, metadata)
-        hidden = self.model(
-            torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            ctx,
-        )
+        if (
+            self.graphs is not None
+            and len(input_ids) == len(chunks)
+            and self.graphs.fits(len(chunks))
+        ):
+            hidden = self.graphs.run(input_ids, positions, chunks)
+        else:
+            self.rope.reserve(max(positions) + 1)
+            metadata = self.backend.build_metadata(chunks, self.block_size)
+            ctx = StepContext(self.rope, self.backend, self.cache, metadata)
+            hidden = self.model(
+                torch.tensor(input_ids, device=self.device),
+                torch.tensor(positions, device=self.device),
+                ctx,
+            )
         if not rows:
             return []
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]).cpu()
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        if all(plain_greedy(s.params) for s in sampled):
+            # Argmax where the logits are: only the token ids cross to the host.
+            tokens = logits.argmax(dim=-1).tolist()
+            return [(s, t, None) for s, t in zip(sampled, tokens, strict=True)]
+        logits = logits.cpu()
         sample_rows = [
             SampleRow(s.params, s.token_ids, s.num_prompt_tokens, s.index) for s in sampled
         ]
         tokens, logprobs = self.sampler(logits, sample_rows)
         return list(zip(sampled, tokens, logprobs, strict=True))
+
+
+def plain_greedy(params: SamplingParams) -> bool:
+    """Argmax of the raw logits: no penalties and no logprobs to report."""
+    return params.greedy and not params.penalized and params.logprobs is None
