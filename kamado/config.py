@@ -73,5 +73,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     # Replay decode steps from CUDA graphs (CUDA with the triton backend only).
     cuda_graphs: bool = True
+    # Fused QKV and gate/up weights, fused norm/rope/SiLU kernels (CUDA only).
+    fused_kernels: bool = True
     seed: int = 0
     extra: dict = field(default_factory=dict)

@@ -164,6 +164,45 @@ def decode_attention(
 
 
 @triton.jit
+def _extend_tile(
+    acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, bt_row, kvh, stride_slot, stride_kvh,
+    qk_scale, window,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over keys [n0, n0 + BLOCK_N); MASKED applies causality and window."""
+    d = tl.arange(0, HEAD_DIM)
+    pos = n0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        pmask = pos < hi
+        blk = tl.load(bt_row + pos // BLOCK_SIZE, mask=pmask, other=0)
+    else:
+        blk = tl.load(bt_row + pos // BLOCK_SIZE)
+    slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
+    if MASKED:
+        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0)
+        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0)
+    else:
+        k = tl.load(k_cache + kv_off)
+        v = tl.load(v_cache + kv_off)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        visible = pmask[None, :] & (pos[None, :] <= q_pos[:, None])
+        if window > 0:
+            visible &= pos[None, :] > q_pos[:, None] - window
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row with nothing visible yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _extend_kernel(
     q_ptr, k_cache, v_cache, out_ptr, block_tables, query_start, query_lens, context_lens,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_slot, stride_kvh, stride_bt,
@@ -171,7 +210,10 @@ def _extend_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """One (query tile, sequence, head): queries at the end of their context, causal."""
+    """One (query tile, sequence, head): queries at the end of their context, causal.
+
+    Keys every row of the tile may see run unmasked; the diagonal (and any window) masked.
+    """
     tile = tl.program_id(0)
     seq = tl.program_id(1)
     h = tl.program_id(2)
@@ -183,38 +225,31 @@ def _extend_kernel(
     ctx = tl.load(context_lens + seq)
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     mmask = offs_m < q_len
-    q_pos = ctx - q_len + offs_m
+    first = ctx - q_len + tile * BLOCK_M  # position of the tile's first query
+    q_pos = first + tl.arange(0, BLOCK_M)
     d = tl.arange(0, HEAD_DIM)
     rows = (q0 + offs_m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + d[None, :], mask=mmask[:, None])
-    hi = tl.minimum(ctx, ctx - q_len + (tile + 1) * BLOCK_M)
+    bt_row = block_tables + seq * stride_bt
+    hi = tl.minimum(ctx, first + BLOCK_M)
     lo = 0
+    full_end = (first + 1) // BLOCK_N * BLOCK_N
     if window > 0:
-        lo = tl.maximum(ctx - q_len + tile * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
+        lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
+        full_end = lo
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pmask = pos < hi
-        blk = tl.load(block_tables + seq * stride_bt + pos // BLOCK_SIZE, mask=pmask, other=0)
-        slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
-        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0)
-        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        visible = pmask[None, :] & (pos[None, :] <= q_pos[:, None])
-        if window > 0:
-            visible &= pos[None, :] > q_pos[:, None] - window
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with nothing visible yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    for n0 in range(lo, full_end, BLOCK_N):
+        acc, m_i, l_i = _extend_tile(
+            acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, bt_row, kvh, stride_slot,
+            stride_kvh, qk_scale, window, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
+        )  # fmt: skip
+    for n0 in range(full_end, hi, BLOCK_N):
+        acc, m_i, l_i = _extend_tile(
+            acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, bt_row, kvh, stride_slot,
+            stride_kvh, qk_scale, window, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
+        )  # fmt: skip
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_ptr = out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :]
     tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None])

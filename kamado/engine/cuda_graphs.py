@@ -8,13 +8,15 @@ device buffers that each step overwrites; a batch is padded to the next captured
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kamado.attention.backend import SeqChunk
 from kamado.attention.triton_backend import TritonAttention
 from kamado.kv.cache import KVCache
 from kamado.models.rope import RotaryEmbedding
-from kamado.models.transformer import StepContext, Transformer
+from kamado.models.transformer import StepContext
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -26,14 +28,14 @@ def batch_buckets(max_batch: int) -> list[int]:
 class DecodeGraphs:
     def __init__(
         self,
-        model: Transformer,
+        forward: Callable[..., torch.Tensor],  # (input_ids, positions, StepContext)
         backend: TritonAttention,
         cache: KVCache,
         rope: RotaryEmbedding,
         max_batch: int,
         max_model_len: int,
     ) -> None:
-        self.model, self.backend, self.cache = model, backend, cache
+        self.forward, self.backend, self.cache = forward, backend, cache
         self.buckets = batch_buckets(max_batch)
         device = cache.k[0].device
         self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=device)
@@ -59,11 +61,11 @@ class DecodeGraphs:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                self.model(ids, pos, ctx)
+                self.forward(ids, pos, ctx)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.hidden[batch] = self.model(ids, pos, ctx)
+                self.hidden[batch] = self.forward(ids, pos, ctx)
             pool = graph.pool()
             self.graphs[batch] = graph
         torch.cuda.synchronize()

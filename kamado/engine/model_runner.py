@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,6 +42,11 @@ class ModelRunner:
             engine_config.attention_backend, self.device, model_config.sliding_window
         )
         self.rope = RotaryEmbedding(model_config, self.device)
+        self.forward: Callable[..., torch.Tensor] = self.model
+        if engine_config.fused_kernels and self.device.type == "cuda":
+            from kamado.models.fused_forward import FusedForward
+
+            self.forward = FusedForward(self.model)
         self.sampler = Sampler(engine_config.seed)
         self.graphs: DecodeGraphs | None = None
         if engine_config.cuda_graphs and self.device.type == "cuda":
@@ -59,7 +65,7 @@ class ModelRunner:
             num_blocks * self.block_size,
         )
         return DecodeGraphs(
-            self.model, self.backend, self.cache, self.rope, engine_config.max_num_seqs, max_len
+            self.forward, self.backend, self.cache, self.rope, engine_config.max_num_seqs, max_len
         )
 
     @torch.inference_mode()
@@ -94,7 +100,7 @@ class ModelRunner:
             self.rope.reserve(max(positions) + 1)
             metadata = self.backend.build_metadata(chunks, self.block_size)
             ctx = StepContext(self.rope, self.backend, self.cache, metadata)
-            hidden = self.model(
+            hidden = self.forward(
                 torch.tensor(input_ids, device=self.device),
                 torch.tensor(positions, device=self.device),
                 ctx,

@@ -1,5 +1,5 @@
 """Greedy generation of a full synthetic model (qwen3-0.6b shapes, bf16) on CUDA: the
-Triton backend with and without CUDA graphs against the torch backend."""
+Triton backend, CUDA graphs and fused kernels against the torch backend and plain modules."""
 
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ GEN_LEN = 24
 BF16_TIE = 0.1
 
 
-def generate(backend: str, graphs: bool, logprobs: int | None = None) -> dict[str, list]:
+def generate(
+    backend: str, graphs: bool, logprobs: int | None = None, fused: bool = True
+) -> dict[str, list]:
     engine = EngineCore(
         EngineConfig(
             model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
             kv_cache_bytes=1 << 30, max_num_seqs=8, max_num_batched_tokens=1024,
-            attention_backend=backend, cuda_graphs=graphs,
+            attention_backend=backend, cuda_graphs=graphs, fused_kernels=fused,
         )
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True, logprobs=logprobs)
@@ -66,7 +68,8 @@ def test_cuda_graphs_follow_the_eager_decode():
     )
 
 
-def test_greedy_tokens_match_torch_backend_up_to_bf16_ties():
-    assert_same_up_to_bf16_ties(
-        generate("torch", graphs=False, logprobs=2), generate("triton", graphs=True)
-    )
+def test_greedy_tokens_match_the_plain_torch_model_up_to_bf16_ties():
+    # The reference: torch attention and the unfused modules of transformer.py.
+    reference = generate("torch", graphs=False, logprobs=2, fused=False)
+    assert_same_up_to_bf16_ties(reference, generate("triton", graphs=True))
+    assert_same_up_to_bf16_ties(reference, generate("triton", graphs=False, fused=False))
