@@ -99,13 +99,15 @@ class TritonAttention:
         padding (nothing written, nothing attended) up to `batch`."""
         n = len(chunks)
         slots, _ = host_step_layout(chunks, block_size)
-        tables = host_block_tables(chunks, block_size, batch, buffers.block_tables.shape[1])
+        # Only the columns in use: kernels never read a block past a context's end.
+        width = max(-(-c.context_len // block_size) for c in chunks)
+        tables = host_block_tables(chunks, block_size, batch, width)
         lens = torch.zeros(batch, dtype=torch.int32)
         lens[:n] = torch.tensor([c.context_len for c in chunks], dtype=torch.int32)
         slot_mapping = torch.full((batch,), -1, dtype=torch.long)
         slot_mapping[:n] = torch.tensor(slots, dtype=torch.long)
         buffers.slot_mapping[:batch].copy_(slot_mapping, non_blocking=True)
-        buffers.block_tables[:batch].copy_(tables, non_blocking=True)
+        buffers.block_tables[:batch, :width].copy_(tables, non_blocking=True)
         buffers.context_lens[:batch].copy_(lens, non_blocking=True)
 
     def forward(

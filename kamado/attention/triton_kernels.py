@@ -268,6 +268,8 @@ def extend_attention(
     window: int = 0,
     block_m: int = 128,
     block_n: int = 64,
+    num_warps: int = 8,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Causal attention of new queries over their paged context (prefill, chunked prefill)."""
     _, num_heads, head_dim = q.shape
@@ -281,6 +283,6 @@ def extend_attention(
         head_dim**-0.5 * LOG2E, window,
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=8 if block_m >= 128 else 4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

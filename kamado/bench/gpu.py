@@ -110,6 +110,11 @@ def run_gpu_bench(
         context = prompt_len + gen_len // 2
         roofline = batch * bandwidth / decode_bytes(net, config, batch, context)
         decode.append(_decode_row(r, roofline))
+        if (graphs := engine.runner.graphs) is not None and batch in graphs.graphs:
+            # The last step's graph replayed alone: the GPU's share of a step, no host work.
+            step_ms = timed_ms(graphs.graphs[batch].replay, 20)
+            decode[-1]["graph_replay_ms"] = step_ms
+            decode[-1]["graph_replay_tok_s"] = batch / (step_ms / 1e3)
         print(_fmt_decode(decode[-1]), flush=True)
     prefill: list[dict] = []
     for n in prefill_lens:
@@ -165,6 +170,10 @@ def _fmt_decode(row: dict) -> str:
     line = f"{row['engine']:12s} batch {row['batch']:2d}: decode {row['decode_tok_s']:8.1f} tok/s"
     if "roofline_tok_s" in row:
         line += f" (roofline {row['roofline_tok_s']:7.1f}: {row['fraction_of_roofline']:.0%})"
+    if "graph_replay_ms" in row:
+        line += (
+            f"; GPU alone {row['graph_replay_ms']:.2f} ms/step = {row['graph_replay_tok_s']:.1f}"
+        )
     return line
 
 

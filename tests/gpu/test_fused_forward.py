@@ -21,29 +21,35 @@ pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
 
 
+def hidden_states(config, weights, dtype, fused, ids):
+    with torch.device("meta"):
+        model = Transformer(config)
+    model.load_weights({k: v.to(dtype) for k, v in weights.items()})
+    forward = FusedForward(model) if fused else model
+    n = ids.shape[0]
+    cache = KVCache(config, 8, 16, dtype, CUDA)
+    backend = TorchAttention(CUDA)
+    metadata = backend.build_metadata([SeqChunk(n, n, list(range(6)))], 16)
+    ctx = StepContext(RotaryEmbedding(config, CUDA), backend, cache, metadata)
+    with torch.inference_mode():
+        hidden = forward(ids, torch.arange(n, device=CUDA), ctx).float()
+    state = model.state_dict()  # fusing keeps every weight under its name, unchanged
+    assert all(torch.equal(state[k], weights[k].to(dtype)) for k in weights)
+    return hidden
+
+
 @pytest.mark.parametrize("shape", ["qwen3-0.6b", "qwen2.5-0.5b", "tiny-llama"])
-def test_fused_forward_matches_the_modules(shape):
+def test_fused_forward_is_as_close_to_float32_as_the_modules(shape):
     config = synthetic_config(shape)
     weights = synthetic_weights(config, torch.bfloat16, "cuda", seed=3)
-    n = 96
-    ids = torch.randint(0, min(config.vocab_size, 30000), (n,), device=CUDA)
-    positions = torch.arange(n, device=CUDA)
-    outs = []
-    for fused in (False, True):
-        with torch.device("meta"):
-            model = Transformer(config)
-        model.load_weights({k: v.clone() for k, v in weights.items()})
-        forward = FusedForward(model) if fused else model
-        cache = KVCache(config, 8, 16, torch.bfloat16, CUDA)
-        backend = TorchAttention(CUDA)
-        rope = RotaryEmbedding(config, CUDA)
-        ctx = StepContext(
-            rope, backend, cache, backend.build_metadata([SeqChunk(n, n, list(range(6)))], 16)
-        )
-        with torch.inference_mode():
-            outs.append(forward(ids, positions, ctx).float())
-        state = model.state_dict()  # fusing keeps every weight under its name, unchanged
-        assert all(torch.equal(state[k], weights[k]) for k in weights)
-    ref, out = outs
-    # Same bf16 roundings step by step; only matmul summation order may differ.
-    assert float((out - ref).norm() / ref.norm()) < 1e-2
+    ids = torch.randint(0, min(config.vocab_size, 30000), (96,), device=CUDA)
+    reference = hidden_states(config, weights, torch.float32, False, ids)
+    plain = hidden_states(config, weights, torch.bfloat16, False, ids)
+    fused = hidden_states(config, weights, torch.bfloat16, True, ids)
+
+    def err(x: torch.Tensor) -> float:
+        return float((x - reference).norm() / reference.norm())
+
+    # Both round to bf16 at the same steps; matmuls may sum in another order, so the fused
+    # path's error against float32 must be of the plain bf16 modules' size.
+    assert err(fused) < 1.5 * err(plain) + 1e-3, (err(fused), err(plain))
