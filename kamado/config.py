@@ -62,6 +62,9 @@ class EngineConfig:
     block_size: int = 16
     # KV cache memory budget in bytes; None sizes it from device memory.
     kv_cache_bytes: int | None = None
+    # On CUDA with no kv_cache_bytes: the share of the card for weights, the largest
+    # step's activations and the KV pool together.
+    gpu_memory_fraction: float = 0.9
     # Upper bound on tokens per forward pass (prefill chunks + decodes).
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64

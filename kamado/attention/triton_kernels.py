@@ -266,10 +266,12 @@ def extend_attention(
     max_query_len: int,
     block_size: int,
     window: int = 0,
+    # Fastest of scripts/sweep_extend.py on an H200 at head_dim 128: 422 TFLOP/s for 8k
+    # queries over a 128k context, 373 for an 8k prompt (vs 301 and 325 with 8 warps, 2 stages).
     block_m: int = 128,
     block_n: int = 64,
-    num_warps: int = 8,
-    num_stages: int = 2,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """Causal attention of new queries over their paged context (prefill, chunked prefill)."""
     _, num_heads, head_dim = q.shape

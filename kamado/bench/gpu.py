@@ -181,10 +181,11 @@ def _summary(decode: list[dict], peers: list[dict]) -> None:
     print("\nbatch   kamado tok/s   roofline   of roofline   transformers tok/s   speedup")
     for row in decode:
         peer = next((p for p in peers if p["batch"] == row["batch"]), None)
-        peer_s = (
-            f"{peer['decode_tok_s']:18.1f}   {row['decode_tok_s'] / peer['decode_tok_s']:6.1f}x"
-        )
+        peer_s = ""
+        if peer is not None:
+            speedup = row["decode_tok_s"] / peer["decode_tok_s"]
+            peer_s = f"{peer['decode_tok_s']:18.1f}   {speedup:6.1f}x"
         print(
             f"{row['batch']:5d}   {row['decode_tok_s']:12.1f}   {row['roofline_tok_s']:8.1f}   "
-            f"{row['fraction_of_roofline']:11.0%}   " + (peer_s if peer else "")
+            f"{row['fraction_of_roofline']:11.0%}   " + peer_s
         )
