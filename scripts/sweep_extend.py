@@ -14,8 +14,8 @@ import triton
 
 from kamado.attention.triton_kernels import extend_attention
 
-CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
-           (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3)]  # fmt: skip
+CONFIGS = [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 4, 2), (128, 128, 4, 3),
+           (128, 128, 4, 2), (128, 32, 4, 4), (64, 64, 4, 4), (256, 64, 8, 3)]  # fmt: skip
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
         args = (q, k, v, table, torch.tensor([0], **ints), torch.tensor([q_len], **ints),
                 torch.tensor([ctx], **ints), q_len, bs)  # fmt: skip
         flops = 4 * heads * dim * (q_len * (ctx - q_len) + q_len * q_len / 2)
-        base = extend_attention(*args)
+        base = extend_attention(*args, 0, 128, 64, 8, 2)
         for bm, bn, warps, stages in CONFIGS:
             try:
                 out = extend_attention(*args, 0, bm, bn, warps, stages)

@@ -99,9 +99,11 @@ def _decode_split_kernel(
     out_off = b * stride_mb + heads * stride_mh + split * stride_ms
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
+    # One split: mid_out is the output itself (the store casts to its dtype), no reduce.
     tl.store(mid_out + out_off[:, None] + d[None, :], out, mask=gmask[:, None])
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    tl.store(mid_lse + (out_off // HEAD_DIM), lse, mask=gmask)
+    if NUM_SPLITS > 1:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(mid_lse + (out_off // HEAD_DIM), lse, mask=gmask)
 
 
 @triton.jit
@@ -140,12 +142,15 @@ def decode_attention(
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
-    # The mid buffers hold head_dim floats, then one lse each, at the same flat index / dim.
-    mid_out = torch.empty(
-        batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
-    )
-    mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    out = torch.empty(batch, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    if num_splits == 1:
+        mid_out = mid_lse = out.view(batch, num_heads, 1, head_dim)
+    else:
+        # head_dim floats per split, and one lse each at the same flat index / head_dim.
+        mid_out = torch.empty(
+            batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, mid_out, mid_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
@@ -155,11 +160,12 @@ def decode_attention(
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         num_warps=4, num_stages=2,
     )  # fmt: skip
-    _decode_reduce_kernel[(batch, num_heads)](
-        mid_out, mid_lse, out,
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-    )  # fmt: skip
+    if num_splits > 1:
+        _decode_reduce_kernel[(batch, num_heads)](
+            mid_out, mid_lse, out,
+            mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        )  # fmt: skip
     return out
 
 

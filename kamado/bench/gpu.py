@@ -98,7 +98,7 @@ def run_gpu_bench(
             dtype="bfloat16",
             kv_cache_bytes=kv_bytes,
             max_num_seqs=max(batches),
-            max_num_batched_tokens=8192,
+            max_num_batched_tokens=16384,
         )
     )
     config = engine.model_config
