@@ -61,6 +61,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--structured", action="store_true", help="constrained vs unconstrained decoding"
     )
+    p.add_argument(
+        "--gpu", action="store_true", help="CUDA decode/prefill against measured ceilings"
+    )
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

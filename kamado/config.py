@@ -62,6 +62,9 @@ class EngineConfig:
     block_size: int = 16
     # KV cache memory budget in bytes; None sizes it from device memory.
     kv_cache_bytes: int | None = None
+    # On CUDA with no kv_cache_bytes: the share of the card for weights, the largest
+    # step's activations and the KV pool together.
+    gpu_memory_fraction: float = 0.9
     # Upper bound on tokens per forward pass (prefill chunks + decodes).
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
@@ -70,7 +73,11 @@ class EngineConfig:
     # A step carrying a prefill chunk beside running decodes may take at most this many
     # times a decode-only step, so decoding streams are never frozen by a long prompt.
     decode_stall_factor: float = 1.25
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
+    # Replay decode steps from CUDA graphs (CUDA with the triton backend only).
+    cuda_graphs: bool = True
+    # Fused QKV and gate/up weights, fused norm/rope/SiLU kernels (CUDA only).
+    fused_kernels: bool = True
     # Keep full KV blocks of finished turns and reuse them for requests with the same prefix.
     enable_prefix_caching: bool = True
     # Disk tier for cached blocks evicted from the device (None: off), and its size cap.

@@ -38,8 +38,14 @@ class AttentionBackend(Protocol):
 
 
 def make_backend(name: str, device: torch.device, sliding_window: int | None) -> AttentionBackend:
+    if name == "auto":  # Triton kernels on CUDA, portable torch elsewhere
+        name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
         from kamado.attention.torch_backend import TorchAttention
 
         return TorchAttention(device, sliding_window)
-    raise ValueError(f"unknown attention backend {name!r}; available: torch")
+    if name == "triton":
+        from kamado.attention.triton_backend import TritonAttention
+
+        return TritonAttention(device, sliding_window)
+    raise ValueError(f"unknown attention backend {name!r}; available: auto, torch, triton")

@@ -26,6 +26,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results = run_structured(model, args.dtype, args.gen_len or 64, args.tokenizer)
         write_results(args.out, "structured", results)
         return 0
+    if args.gpu:
+        from kamado.bench.gpu import run_gpu_bench
+
+        model = (args.model or ["synthetic:qwen3-8b-128k"])[0]
+        results = run_gpu_bench(
+            model, prompt_len=args.prompt_len or 512, gen_len=args.gen_len or 128,
+            peer=not args.no_peer,
+        )  # fmt: skip
+        write_results(args.out, "gpu", results)
+        return 0
     from kamado.bench.throughput import run_throughput
 
     results = run_throughput(

@@ -75,9 +75,15 @@ class _FirstTokenClock:
 
 
 def transformers_throughput(
-    reference: torch.nn.Module, model: str, batch: int, prompt_len: int, gen_len: int, vocab: int
+    reference: torch.nn.Module,
+    model: str,
+    batch: int,
+    prompt_len: int,
+    gen_len: int,
+    vocab: int,
+    device: str = "cpu",
 ) -> Throughput:
-    ids = torch.tensor(random_prompts(batch, prompt_len, vocab))
+    ids = torch.tensor(random_prompts(batch, prompt_len, vocab), device=device)
     clock = _FirstTokenClock()
     started = time.perf_counter()
     with torch.inference_mode():

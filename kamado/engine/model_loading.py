@@ -40,7 +40,14 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     dtype = resolve_dtype(config.dtype, config.device)
     weights = load_weights(source, model_config, dtype, config.device)
     per_block = bytes_per_block(model_config, config.block_size, dtype)
-    budget = config.kv_cache_bytes or _default_kv_budget(config.device)
+    if config.kv_cache_bytes:
+        budget = config.kv_cache_bytes
+    elif config.device.startswith("cuda"):
+        from kamado.engine.gpu_memory import cuda_kv_budget
+
+        budget = cuda_kv_budget(config, model_config, dtype)
+    else:
+        budget = _default_kv_budget()
     num_blocks = max(1, budget // per_block)
     limit = model_config.max_position_embeddings
     if config.max_model_len is not None:
@@ -49,10 +56,7 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     return LoadedForEngine(model_config, weights, dtype, num_blocks, max_model_len)
 
 
-def _default_kv_budget(device: str) -> int:
-    if device.startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free * 0.8)
+def _default_kv_budget() -> int:
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return min(CPU_KV_CAP, int(available * CPU_KV_FRACTION))
 

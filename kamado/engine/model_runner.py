@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 
 from kamado.attention.backend import SeqChunk, make_backend
 from kamado.config import EngineConfig, ModelConfig
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.sampler import Sampler, SampleRow
+from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import ScheduledSeq
 from kamado.engine.sequence import Sequence
 from kamado.kv.cache import KVCache
 from kamado.models.rope import RotaryEmbedding
 from kamado.models.transformer import StepContext, Transformer
 from kamado.structured.guide import Guides
+
+if TYPE_CHECKING:
+    from kamado.engine.cuda_graphs import DecodeGraphs
 
 
 class ModelRunner:
@@ -36,7 +43,31 @@ class ModelRunner:
             engine_config.attention_backend, self.device, model_config.sliding_window
         )
         self.rope = RotaryEmbedding(model_config, self.device)
+        self.forward: Callable[..., torch.Tensor] = self.model
+        if engine_config.fused_kernels and self.device.type == "cuda":
+            from kamado.models.fused_forward import FusedForward
+
+            self.forward = FusedForward(self.model)
         self.sampler = Sampler(engine_config.seed)
+        self.graphs: DecodeGraphs | None = None
+        if engine_config.cuda_graphs and self.device.type == "cuda":
+            self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)
+
+    def _capture_decode_graphs(
+        self, engine_config: EngineConfig, model_config: ModelConfig, num_blocks: int
+    ) -> DecodeGraphs | None:
+        from kamado.attention.triton_backend import TritonAttention
+        from kamado.engine.cuda_graphs import DecodeGraphs
+
+        if not isinstance(self.backend, TritonAttention):
+            return None
+        max_len = min(
+            engine_config.max_model_len or model_config.max_position_embeddings,
+            num_blocks * self.block_size,
+        )
+        return DecodeGraphs(
+            self.forward, self.backend, self.cache, self.rope, engine_config.max_num_seqs, max_len
+        )
 
     @torch.inference_mode()
     def execute(
@@ -64,16 +95,29 @@ class ModelRunner:
                     rows.append(len(input_ids) - 1)
                     sampled.append(target)
         masks = guides.prepare(sampled) if guides is not None else None
-        metadata = self.backend.build_metadata(chunks, self.block_size)
-        ctx = StepContext(self.rope, self.backend, self.cache, metadata)
-        hidden = self.model(
-            torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            ctx,
-        )
+        if (
+            self.graphs is not None
+            and len(input_ids) == len(chunks)
+            and self.graphs.fits(len(chunks))
+        ):
+            hidden = self.graphs.run(input_ids, positions, chunks)
+        else:
+            self.rope.reserve(max(positions) + 1)
+            metadata = self.backend.build_metadata(chunks, self.block_size)
+            ctx = StepContext(self.rope, self.backend, self.cache, metadata)
+            hidden = self.forward(
+                torch.tensor(input_ids, device=self.device),
+                torch.tensor(positions, device=self.device),
+                ctx,
+            )
         if not rows:
             return []
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]).cpu()
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        if masks is None and all(plain_greedy(s.params) for s in sampled):
+            # Argmax where the logits are: only the token ids cross to the host.
+            tokens = logits.argmax(dim=-1).tolist()
+            return [(s, t, None) for s, t in zip(sampled, tokens, strict=True)]
+        logits = logits.cpu()
         if masks is not None:
             masks.apply(logits)
         sample_rows = [
@@ -81,3 +125,8 @@ class ModelRunner:
         ]
         tokens, logprobs = self.sampler(logits, sample_rows)
         return list(zip(sampled, tokens, logprobs, strict=True))
+
+
+def plain_greedy(params: SamplingParams) -> bool:
+    """Argmax of the raw logits: no penalties and no logprobs to report."""
+    return params.greedy and not params.penalized and params.logprobs is None

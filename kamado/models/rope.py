@@ -42,6 +42,12 @@ class RotaryEmbedding:
         self.cos = self.sin = torch.empty(0, device=device)
         self._grow(min(config.max_position_embeddings, 8192))
 
+    def reserve(self, length: int) -> None:
+        """Make tables for positions below `length` (the caller knows them on the host, so
+        the step itself needs no device-to-host read and can be captured in a graph)."""
+        if length > self.cos.shape[0]:
+            self._grow(max(length, 2 * self.cos.shape[0]))
+
     def _grow(self, length: int) -> None:
         t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
         freqs = torch.outer(t, self.inv_freq)
@@ -51,10 +57,7 @@ class RotaryEmbedding:
     def __call__(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, H, D], k: [T, KVH, D] -> rotated copies."""
-        needed = int(positions.max()) + 1
-        if needed > self.cos.shape[0]:
-            self._grow(max(needed, 2 * self.cos.shape[0]))
+        """q: [T, H, D], k: [T, KVH, D] -> rotated copies; positions below reserve()'s."""
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

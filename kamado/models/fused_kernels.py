@@ -1,0 +1,121 @@
+"""Triton kernels that merge the transformer's small elementwise steps on CUDA.
+
+Each reproduces the rounding of the plain torch code it replaces (transformer.py, rope.py):
+float32 math, cast to the activation dtype where torch casts, so greedy tokens stay put.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, res_ptr, out_ptr, res_out_ptr, w_ptr, eps,
+    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + row * N + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:  # x + residual, rounded like the torch add, is the new residual
+        x = (x.to(tl.float32) + tl.load(res_ptr + row * N + offs, mask=mask, other=0.0)).to(x.dtype)
+        tl.store(res_out_ptr + row * N + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
+    normed = (xf * rstd).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + offs, (w * normed).to(x.dtype), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of x (+ residual); returns (normed, the sum that is the next residual)."""
+    x = x.contiguous()
+    n = x.shape[-1]
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    _add_rms_norm_kernel[(x.numel() // n,)](
+        x, residual if residual is not None else x, out, res_out, weight, eps,
+        N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None,
+        num_warps=8 if n >= 4096 else 4,
+    )  # fmt: skip
+    return out, res_out
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, eps, stride_t,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    """One head of one token, in place: optional RMSNorm over head_dim, then rotate-half."""
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    half = HALF
+    offs = tl.arange(0, HALF)
+    base = qkv_ptr + t * stride_t + head * HEAD_DIM
+    x1 = tl.load(base + offs)
+    x2 = tl.load(base + half + offs)
+    dtype = x1.dtype
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(x1f * x1f, 0) + tl.sum(x2f * x2f, 0)) / HEAD_DIM + eps)
+        w_ptr = qw_ptr if head < NUM_HEADS else kw_ptr
+        w1 = tl.load(w_ptr + offs).to(tl.float32)
+        w2 = tl.load(w_ptr + half + offs).to(tl.float32)
+        x1f = (w1 * (x1f * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        x2f = (w2 * (x2f * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    pos = tl.load(pos_ptr + t)
+    row = pos * HEAD_DIM
+    cos1, cos2 = tl.load(cos_ptr + row + offs), tl.load(cos_ptr + row + half + offs)
+    sin1, sin2 = tl.load(sin_ptr + row + offs), tl.load(sin_ptr + row + half + offs)
+    tl.store(base + offs, (x1f * cos1 + -x2f * sin1).to(dtype))
+    tl.store(base + half + offs, (x2f * cos2 + x1f * sin2).to(dtype))
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,  # [T, (heads + 2 * kv_heads) * head_dim], q then k then v
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+) -> None:
+    """Normalize (qk-norm models) and rotate the q and k heads of qkv in place."""
+    has_norm = q_norm is not None
+    _qk_norm_rope_kernel[(qkv.shape[0], num_heads + num_kv_heads)](
+        qkv, positions, cos, sin, q_norm if has_norm else cos, k_norm if has_norm else cos,
+        eps, qkv.stride(0),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_NORM=has_norm,
+        num_warps=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, INTER: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < INTER
+    gate = tl.load(gu_ptr + row * 2 * INTER + offs, mask=mask, other=0.0)
+    up = tl.load(gu_ptr + row * 2 * INTER + INTER + offs, mask=mask, other=0.0)
+    gf = gate.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(gate.dtype).to(tl.float32)
+    tl.store(out_ptr + row * INTER + offs, (act * up.to(tl.float32)).to(gate.dtype), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2 * inter] (gate then up) -> silu(gate) * up, [T, inter]."""
+    inter = gate_up.shape[1] // 2
+    out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(inter, block))](
+        gate_up, out, INTER=inter, BLOCK=block
+    )
+    return out

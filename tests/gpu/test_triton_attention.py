@@ -1,0 +1,106 @@
+"""The Triton backend against the portable torch backend, on CUDA (skipped elsewhere).
+
+Tolerance: both backends see the same bf16 inputs; the reference is the torch backend run
+in float32 on those inputs, and the Triton output (bf16, float32 accumulation) must be
+within 1e-2 of it in relative Frobenius norm, as must the torch backend's own bf16 output.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+pytest.importorskip("triton")
+
+from kamado.attention.backend import SeqChunk  # noqa: E402
+from kamado.attention.torch_backend import TorchAttention  # noqa: E402
+from kamado.attention.triton_backend import TritonAttention  # noqa: E402
+from kamado.config import ModelConfig  # noqa: E402
+from kamado.kv.cache import KVCache  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+TOLERANCE = 1e-2
+
+
+def attend(backend, chunks, q, k, v, cache_k, cache_v, config, block_size, dtype):
+    cache = KVCache(config, cache_k.shape[0] // block_size, block_size, dtype, CUDA)
+    cache.k[0].copy_(cache_k)
+    cache.v[0].copy_(cache_v)
+    metadata = backend.build_metadata(chunks, block_size)
+    out = backend.forward(q.to(dtype), k.to(dtype), v.to(dtype), 0, cache, metadata)
+    return out.float(), cache
+
+
+def check(query_lens, context_lens, heads, kv_heads, block_size, head_dim=128, window=None):
+    """Random bf16 inputs, blocks scattered over the cache; compare Triton with torch."""
+    config = ModelConfig("llama", 64, heads * head_dim, 64, 1, heads, kv_heads, head_dim)
+    rng = random.Random(sum(context_lens) + heads + block_size)
+    needed = [-(-c // block_size) for c in context_lens]
+    order = list(range(sum(needed) + 3))
+    rng.shuffle(order)
+    chunks, used = [], 0
+    for q_len, ctx, n in zip(query_lens, context_lens, needed, strict=True):
+        chunks.append(SeqChunk(q_len, ctx, order[used : used + n]))
+        used += n
+    slots = len(order) * block_size
+    bf16 = torch.bfloat16
+    cache_k = torch.randn(slots, kv_heads, head_dim, device=CUDA).to(bf16)
+    cache_v = torch.randn(slots, kv_heads, head_dim, device=CUDA).to(bf16)
+    t = sum(query_lens)
+    q = torch.randn(t, heads, head_dim, device=CUDA).to(bf16)
+    k = torch.randn(t, kv_heads, head_dim, device=CUDA).to(bf16)
+    v = torch.randn(t, kv_heads, head_dim, device=CUDA).to(bf16)
+    args = (chunks, q, k, v, cache_k, cache_v, config, block_size)
+    ref, ref_cache = attend(TorchAttention(CUDA, window), *args, torch.float32)
+    torch_out, _ = attend(TorchAttention(CUDA, window), *args, bf16)
+    out, cache = attend(TritonAttention(CUDA, window), *args, bf16)
+    assert torch.equal(cache.k[0].float(), ref_cache.k[0])  # K/V written to the same slots
+    assert torch.equal(cache.v[0].float(), ref_cache.v[0])
+    err = float((out - ref).norm() / ref.norm())
+    torch_err = float((torch_out - ref).norm() / ref.norm())
+    assert torch.isfinite(out).all()
+    assert err < TOLERANCE, (err, torch_err)
+    assert torch_err < TOLERANCE
+    return err
+
+
+@pytest.mark.parametrize("batch", [1, 3, 17, 64])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 8), (32, 8), (16, 2), (28, 4)])
+def test_decode_matches_torch(batch, heads, kv_heads):
+    rng = random.Random(batch * heads)
+    contexts = [rng.randrange(1, 3000) for _ in range(batch)]
+    check([1] * batch, contexts, heads, kv_heads, block_size=16)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_decode_block_sizes(block_size):
+    check([1] * 5, [1, 15, 16, 17, 700], 32, 8, block_size)
+
+
+def test_decode_of_one_128k_context_spreads_over_splits():
+    check([1], [131072], 32, 8, block_size=16)
+
+
+def test_decode_with_head_dim_64():
+    check([1] * 4, [33, 64, 129, 1000], 14, 2, block_size=16, head_dim=64)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(32, 8), (16, 16), (28, 4)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_prefill_and_extend_match_torch(heads, kv_heads, block_size):
+    # A whole prompt, a chunk over a cached prefix, a decode, short and odd lengths.
+    check([700, 300, 1, 5, 129], [700, 1500, 2000, 5, 200], heads, kv_heads, block_size)
+
+
+def test_long_extend_over_32k_prefix():
+    check([2048], [34000], 32, 8, block_size=16)
+
+
+@pytest.mark.parametrize("window", [64, 1000])
+def test_sliding_window(window):
+    check([1, 1, 300, 40], [50, 3000, 2000, 40], 8, 2, 16, window=window)
