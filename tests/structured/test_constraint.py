@@ -37,8 +37,8 @@ def test_valid_constraints_pass(constraint):
         (Constraint.json_schema({"type": "objekt"}), "objekt"),
         (Constraint.json_schema({"properties": {"a": {"$ref": "#/$defs/missing"}}}), "missing"),
         (Constraint.json_schema({"type": "string", "pattern": "(("}), "unclosed group"),
-        (Constraint("json_schema", "{not json"), ""),
-        (Constraint("regex", "[a-"), ""),
+        (Constraint("json_schema", "{not json"), "key must be a string"),
+        (Constraint("regex", "[a-"), "unclosed character class"),
         (Constraint("lark", "start: undefined_rule"), "undefined_rule"),
     ],
 )
