@@ -113,13 +113,13 @@ class ModelRunner:
         if not rows:
             return []
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
-        if masks is None and all(plain_greedy(s.params) for s in sampled):
+        if masks is not None:
+            masks.apply(logits)  # where the logits are
+        if all(plain_greedy(s.params) for s in sampled):
             # Argmax where the logits are: only the token ids cross to the host.
             tokens = logits.argmax(dim=-1).tolist()
             return [(s, t, None) for s, t in zip(sampled, tokens, strict=True)]
         logits = logits.cpu()
-        if masks is not None:
-            masks.apply(logits)
         sample_rows = [
             SampleRow(s.params, s.token_ids, s.num_prompt_tokens, s.index) for s in sampled
         ]

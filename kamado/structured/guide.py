@@ -43,16 +43,27 @@ class GuideStats:
 class MaskJob:
     """The masks of one step, being computed beside the forward pass."""
 
-    def __init__(self, future: concurrent.futures.Future[torch.Tensor], stats: GuideStats) -> None:
-        self._future = future  # -> forbidden tokens, bool [logits rows, vocab]
+    def __init__(
+        self, future: concurrent.futures.Future[torch.Tensor], rows: list[int], stats: GuideStats
+    ) -> None:
+        self._future = future  # -> allowed tokens as llguidance's bitmask, [len(rows), words]
+        self._rows = rows  # the logits rows they belong to
         self._stats = stats
 
     def apply(self, logits: torch.Tensor) -> None:
-        """Forbid, in place, every token the grammars do not allow next."""
+        """Forbid, in place, every token the grammars do not allow next. The packed bits
+        travel to the logits' device (a GPU unpacks them in microseconds)."""
         started = time.perf_counter()
-        forbidden = self._future.result()
+        bits = self._future.result().to(logits.device, non_blocking=True)
         ready = time.perf_counter()
-        logits.masked_fill_(forbidden[:, : logits.shape[-1]], float("-inf"))
+        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+        allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(bits.shape[0], -1).bool()
+        forbidden = ~allowed[:, : logits.shape[-1]]
+        if len(self._rows) == logits.shape[0]:
+            logits.masked_fill_(forbidden, float("-inf"))
+        else:
+            rows = torch.tensor(self._rows, device=logits.device)
+            logits[rows] = logits[rows].masked_fill(forbidden, float("-inf"))
         self._stats.wait_s += ready - started
         self._stats.apply_s += time.perf_counter() - ready
 
@@ -91,7 +102,7 @@ class Guides:
             return None
         matchers = [self._matcher(seqs[i]) for i in rows]
         assert self._worker is not None
-        return MaskJob(self._worker.submit(self._forbidden, matchers, rows, len(seqs)), self.stats)
+        return MaskJob(self._worker.submit(self._bitmask, matchers), rows, self.stats)
 
     def advance(self, seq: Sequence, token: int) -> bool:
         """Feed the sampled token; True when the grammar is complete (the sequence stops)."""
@@ -108,26 +119,17 @@ class Guides:
 
     # ---- internals ---------------------------------------------------------------------
 
-    def _forbidden(self, matchers: list[Any], rows: list[int], num_rows: int) -> torch.Tensor:
-        """Forbidden tokens of every logits row (none in unconstrained rows), as one bool
-        tensor, so that the engine thread masks the logits in a single in-place op."""
+    def _bitmask(self, matchers: list[Any]) -> torch.Tensor:
+        """The matchers' allowed next tokens, one packed row each."""
         from llguidance.torch import fill_next_token_bitmask_par
 
         started = time.perf_counter()
-        # Plain memory: llguidance's allocator pins it on CUDA machines, costly every step,
-        # and the logits are masked on the CPU anyway.
+        # Plain memory: llguidance's allocator pins it on CUDA machines, costly every step.
         bits = torch.zeros(len(matchers), (self._vocab_size + 31) // 32, dtype=torch.int32)
         fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bits)
-        shifts = torch.arange(32, dtype=torch.int32)
-        allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(matchers), -1).bool()
-        if len(rows) == num_rows:
-            forbidden = ~allowed
-        else:
-            forbidden = torch.zeros(num_rows, allowed.shape[-1], dtype=torch.bool)
-            forbidden[rows] = ~allowed
         self.stats.masks += len(matchers)
         self.stats.compute_s += time.perf_counter() - started
-        return forbidden
+        return bits
 
     def _matcher(self, seq: Sequence) -> Any:
         matcher = self._matchers.get(seq)
