@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from kamado.kv.eviction import EvictionOrder
 
 
@@ -63,15 +65,15 @@ class BlockPool:
         return block
 
     def _runway(self) -> int:
-        # O(free blocks), paid only when a sequence starts or collides with a neighbour.
-        free = sorted(self._free)
-        best_start, best_len, run_start = free[0], 0, free[0]
-        for prev, block in zip(free, free[1:] + [None], strict=True):
-            if block != prev + 1:
-                if prev + 1 - run_start > best_len:
-                    best_start, best_len = run_start, prev + 1 - run_start
-                if block is not None:
-                    run_start = block
+        # Paid only when a sequence starts or collides with a neighbour; vectorized, since
+        # a large KV budget has hundreds of thousands of blocks.
+        free = np.fromiter(self._free, dtype=np.int64, count=len(self._free))
+        free.sort()
+        breaks = np.flatnonzero(np.diff(free) != 1)  # a run ends at each break
+        starts = np.concatenate(([0], breaks + 1))
+        ends = np.concatenate((breaks + 1, [len(free)]))
+        longest = int(np.argmax(ends - starts))  # the first of the longest runs
+        best_start, best_len = int(free[starts[longest]]), int(ends[longest] - starts[longest])
         # A gap at the very start has no sequence before it that might want to grow.
         return 0 if best_start == 0 else best_start + best_len // 2
 
