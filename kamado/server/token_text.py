@@ -10,7 +10,7 @@ _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
 @lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2 byte-level BPE: the printable stand-in character of each byte."""
     bs = (
         list(range(ord("!"), ord("~") + 1))
@@ -44,7 +44,7 @@ class TokenText:
         if m := _BYTE_FALLBACK.match(piece):
             raw = bytes([int(m.group(1), 16)])
         else:
-            table = _byte_decoder()
+            table = byte_decoder()
             if self._byte_level and all(ch in table for ch in piece):
                 raw = bytes(table[ch] for ch in piece)
             else:  # SentencePiece: "▁" marks a space

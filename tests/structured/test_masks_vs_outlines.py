@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from kamado.models import load_tokenizer, resolve_model
+from kamado.server.token_text import byte_decoder
 
 pytestmark = pytest.mark.slow
 
@@ -71,20 +72,7 @@ CASES = [
 ]
 
 
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """Byte-level BPE writes each byte as a printable character; this maps them back."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
-
-
-BYTE_OF_CHAR = _gpt2_byte_decoder()
+BYTE_OF_CHAR = byte_decoder()
 
 
 @pytest.fixture(scope="module")
