@@ -128,5 +128,6 @@ class ModelRunner:
 
 
 def plain_greedy(params: SamplingParams) -> bool:
-    """Argmax of the raw logits: no penalties and no logprobs to report."""
+    """The argmax of the (masked, when constrained) logits is the token: no penalties and no
+    logprobs to report."""
     return params.greedy and not params.penalized and params.logprobs is None

@@ -55,9 +55,7 @@ def decode_body(raw: bytes, model: type[M]) -> M:
             code="invalid_json",
         ) from None
     except RecursionError:
-        raise APIError(
-            "The request body nests arrays or objects too deeply.", code="invalid_json"
-        ) from None
+        raise _too_deep() from None
     if not isinstance(obj, dict):
         raise APIError(
             f"The request body must be a JSON object, not {type(obj).__name__}.",
@@ -68,9 +66,11 @@ def decode_body(raw: bytes, model: type[M]) -> M:
     except ValidationError as e:
         raise from_validation_error(e) from None
     except RecursionError:
-        raise APIError(
-            "The request body nests arrays or objects too deeply.", code="invalid_json"
-        ) from None
+        raise _too_deep() from None
+
+
+def _too_deep() -> APIError:
+    return APIError("The request body nests arrays or objects too deeply.", code="invalid_json")
 
 
 def _reject_constant(name: str) -> None:

@@ -49,8 +49,7 @@ class Supervisor:
             return reason, time.monotonic() - stalled_for
         return None
 
-    async def restart(self, reason: str, down_since: float | None = None) -> None:
-        down_since = time.monotonic() if down_since is None else down_since
+    async def restart(self, reason: str, down_since: float) -> None:
         log.warning("%s; restarting it", reason)
         self.state.recovering = reason
         old = self.state.engine
