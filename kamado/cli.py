@@ -87,6 +87,13 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--url", default="http://127.0.0.1:8091/v1")
     run.add_argument("--model", default=None, help="model field (default: the server's)")
     run.add_argument("--out", default=None, help="write raw results JSON here")
+    run.add_argument(
+        "--soak",
+        default=None,
+        metavar="DURATION",
+        help="replay in a loop for DURATION (90s, 30m, 2h), watching memory and KV blocks",
+    )
+    run.add_argument("--window", type=float, default=60.0, help="--soak report interval, s")
     both = rsub.add_parser("compare", help="replay against kamado, prefix cache on, then off")
     both.add_argument("trace")
     both.add_argument("--model", default=DEFAULT_MODEL)

@@ -5,6 +5,7 @@ against a server."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kamado.bench.report import write_results
 
@@ -71,6 +72,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         write_results(args.out, "replay-compare", {"trace": args.trace, **results})
         return 0
     import asyncio
+
+    if args.soak:
+        from kamado.bench.soak import format_verdict, parse_duration, soak
+
+        try:
+            duration_s = parse_duration(args.soak)
+        except ValueError as e:
+            print(f"kamado replay: {e}", file=sys.stderr)
+            return 2
+        results = asyncio.run(soak(args.url, turns, duration_s, args.model or "", args.window))
+        print(format_verdict(results["verdict"]))
+        write_results(args.out, "soak", {"trace": args.trace, "url": args.url, **results})
+        return 0 if results["verdict"]["passed"] else 1
 
     from kamado.bench.replay import format_summary, replay
 

@@ -33,7 +33,7 @@ class TurnResult:
     error: str | None = None
 
 
-async def _send(client: httpx.AsyncClient, url: str, model: str, turn: TraceTurn) -> TurnResult:
+async def send_turn(client: httpx.AsyncClient, url: str, model: str, turn: TraceTurn) -> TurnResult:
     body = {**turn.request, "stream": True, "stream_options": {"include_usage": True}}
     body.setdefault("model", model)
     started = time.perf_counter()
@@ -83,7 +83,7 @@ async def replay(
     async def run_agent(client: httpx.AsyncClient, mine: list[TraceTurn]) -> None:
         for t in mine:
             await asyncio.sleep(t.delay_s)
-            results.append(await _send(client, url, model, t))
+            results.append(await send_turn(client, url, model, t))
 
     started = time.perf_counter()
     timeout = httpx.Timeout(timeout_s, connect=10.0)
@@ -92,7 +92,7 @@ async def replay(
     return summarize(results, time.perf_counter() - started)
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -110,7 +110,7 @@ def summarize(results: list[TurnResult], wall_s: float) -> dict[str, Any]:
     def ttft(rs: list[TurnResult]) -> dict[str, float | None]:
         values = [r.ttft_s for r in rs if r.ttft_s is not None]
         median = statistics.median(values) if values else None
-        return {"median_s": median, "p99_s": _percentile(values, 0.99)}
+        return {"median_s": median, "p99_s": percentile(values, 0.99)}
 
     return {
         "turns": len(results),

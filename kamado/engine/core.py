@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ class EngineStats:
     disk_bytes: int = 0  # size of the disk tier's directory
     disk_files_corrupt: int = 0  # unreadable or mismatched files found (and removed)
     disk_files_removed: int = 0  # files deleted to stay under the size cap
+    resident_memory_bytes: int = 0  # the engine process's RSS (0 where it cannot be read)
 
 
 class EngineCore:
@@ -312,4 +314,14 @@ class EngineCore:
             s.disk_bytes = self.disk.num_bytes
             s.disk_files_corrupt = self.disk.num_corrupt
             s.disk_files_removed = self.disk.num_removed
+        s.resident_memory_bytes = resident_memory_bytes()
         return EngineStats(**vars(s))
+
+
+def resident_memory_bytes() -> int:
+    """This process's resident set size, from /proc (Linux); 0 elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

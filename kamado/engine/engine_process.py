@@ -51,6 +51,7 @@ def run_engine_process(config: EngineConfig, conn: Connection) -> None:
             ),
         )
     )
+    conn.send(("stats", engine.snapshot()))  # memory and pool state before the first step
     try:
         _loop(engine, conn)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):

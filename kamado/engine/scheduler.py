@@ -4,12 +4,13 @@ Every step carries all running decodes first; prefill (chunked) fills what is le
 the token budget, paced so decodes are never frozen. A new sequence starts from whatever
 leading blocks the prefix cache holds for it. When KV blocks run out, the newest sequence
 is preempted: its blocks are freed (full ones stay cached) and it is recomputed later
-from its tokens.
+from its tokens, ahead of new arrivals. New arrivals are admitted session by session
+(the one running least goes first), so one agent's burst cannot starve the others.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from kamado.engine.pacer import PrefillPacer
@@ -48,6 +49,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # Fair admission: when each session last had a sequence admitted.
+        self._last_admitted: dict[str, int] = {}
+        self._admissions = 0
         # Admission keeps a little headroom so a new prompt does not force a preemption.
         self._watermark = max(1, pool.num_blocks // 100)
 
@@ -72,7 +76,7 @@ class Scheduler:
             batch.append(ScheduledSeq(seq, num_new))
             budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self._next_waiting()
             found = self.prefix.match(seq)
             cached = found.num_blocks() * self.block_size
             num_new = min(seq.num_tokens - cached, budget)
@@ -87,7 +91,8 @@ class Scheduler:
                 self.free(seq)
                 seq.num_computed = 0
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
+            self._note_admitted(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
             batch.append(ScheduledSeq(seq, num_new))
@@ -97,6 +102,30 @@ class Scheduler:
             self.preempt(max(self.running, key=lambda s: s.arrival))
             return self.schedule()
         return batch
+
+    def _next_waiting(self) -> Sequence:
+        """The sequence to admit next. Preempted ones first: they were running already.
+        Then the session with the fewest running sequences, oldest first among equals, so
+        one client's burst of requests cannot starve the other agents."""
+        running = Counter(_fairness_key(s) for s in self.running)
+        turn = self._last_admitted
+        return min(
+            self.waiting,
+            key=lambda s: (
+                not s.preempted,
+                running[_fairness_key(s)],
+                turn.get(_fairness_key(s), -1),  # the session served longest ago first
+                s.arrival,
+            ),
+        )
+
+    def _note_admitted(self, seq: Sequence) -> None:
+        self._admissions += 1
+        self._last_admitted[_fairness_key(seq)] = self._admissions
+        if len(self._last_admitted) > 2 * len(self.waiting) + 64:
+            # Only sessions with sequences waiting need their place in the rotation.
+            keep = {_fairness_key(s) for s in self.waiting}
+            self._last_admitted = {k: v for k, v in self._last_admitted.items() if k in keep}
 
     def _decoding(self) -> list[Sequence]:
         return [s for s in self.running if s.num_uncomputed == 1]
@@ -133,6 +162,7 @@ class Scheduler:
         self.free(seq)
         seq.num_computed = 0
         seq.status = Status.WAITING
+        seq.preempted = True
         self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -149,3 +179,8 @@ class Scheduler:
         seq.status = Status.FINISHED
         self.free(seq)
         self.prefix.end_turn(seq)
+
+
+def _fairness_key(seq: Sequence) -> str:
+    """Requests without a session key each count as a session of their own."""
+    return seq.session if seq.session is not None else f"request:{seq.request_id}"

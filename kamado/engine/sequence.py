@@ -28,7 +28,8 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    session: str | None = None  # the agent session the request belongs to (prefix cache)
+    session: str | None = None  # the agent session: prefix-cache eviction, fair admission
+    preempted: bool = False  # it ran and lost its KV; it is admitted again before new ones
     block_keys: list[bytes] = field(default_factory=list)  # content keys of its full blocks
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
     # Choices 1..n-1 of a request wait here until choice 0 has prefilled the shared prompt.

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -38,6 +44,10 @@ class _EngineCollector(Collector):
                 s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0,
             ),
             "kamado_engine_alive": ("1 if the engine core process is alive", float(s.alive)),
+            "kamado_engine_resident_memory_bytes": (
+                "Resident memory of the engine core process",
+                s.resident_memory_bytes,
+            ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
@@ -100,6 +110,7 @@ class Metrics:
     def __init__(self, stats: Callable[[], Any], in_flight: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(stats, in_flight))
+        ProcessCollector(registry=self.registry)  # the server's own process_* (memory, fds)
         self.ttft = Histogram(
             "kamado_time_to_first_token_seconds",
             "Time from request arrival to its first generated token",

@@ -87,3 +87,32 @@ def test_n_choices_are_seeded_and_distinct(tiny_models):
     assert sorted(first) == [0, 1, 2, 3]
     assert len({tuple(t) for t in first.values()}) > 1
     assert again == first
+
+
+def test_a_burst_from_one_session_does_not_starve_another(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = make_engine(path, max_num_seqs=2)
+    for i in range(4):
+        engine.add_request(f"a{i}", [1 + i, 2, 3], greedy(6), session="agent-a")
+    engine.add_request("b0", [7, 8, 9], greedy(6), session="agent-b")
+    engine.add_request("none", [4, 5, 6], greedy(6))  # no session: a session of its own
+    order = []
+    while engine.has_work():
+        for seq in engine.scheduler.running:
+            if seq.request_id not in order:
+                order.append(seq.request_id)
+        engine.step()
+    # First-come-first-served would run a0..a3 first; sessions take turns instead.
+    assert order[:3] == ["a0", "b0", "none"]
+    assert sorted(order) == ["a0", "a1", "a2", "a3", "b0", "none"]
+
+
+def test_a_preempted_sequence_is_admitted_before_new_ones(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = make_engine(path, max_num_seqs=1)
+    engine.add_request("first", [1, 2, 3], greedy(8), session="x")
+    engine.step()
+    engine.add_request("second", [4, 5, 6], greedy(8), session="y")
+    engine.scheduler.preempt(engine.scheduler.running[0])
+    engine.step()
+    assert [s.request_id for s in engine.scheduler.running] == ["first"]
