@@ -9,6 +9,13 @@ from kamado.config import DEFAULT_MODEL
 from kamado.structured.tool_formats import TOOL_FORMATS
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="start the OpenAI-compatible server")
     p.add_argument("--model", default=DEFAULT_MODEL, help="named model, .gguf file or HF dir")
@@ -21,6 +28,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-queued", type=int, default=256, help="requests waiting before 503")
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="CPU threads for the model (default: the cores other processes leave idle)",
+    )
     p.add_argument(
         "--no-prefix-cache", action="store_true", help="recompute every prompt from scratch"
     )
@@ -63,6 +76,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--gpu", action="store_true", help="CUDA decode/prefill against measured ceilings"
+    )
+    p.add_argument(
+        "--contention", action="store_true", help="decode beside a busy process, by thread policy"
     )
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)

@@ -78,6 +78,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Fused QKV and gate/up weights, fused norm/rope/SiLU kernels (CUDA only).
     fused_kernels: bool = True
+    # CPU threads for the model; None: as many as other processes leave cores idle
+    # (re-checked every second), up to torch's default.
+    cpu_threads: int | None = None
     # Keep full KV blocks of finished turns and reuse them for requests with the same prefix.
     enable_prefix_caching: bool = True
     # Disk tier for cached blocks evicted from the device (None: off), and its size cap.

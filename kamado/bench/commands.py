@@ -27,6 +27,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results = run_structured(model, args.dtype, args.gen_len or 64, args.tokenizer)
         write_results(args.out, "structured", results)
         return 0
+    if args.contention:
+        from kamado.bench.contention import run_contention
+
+        model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
+        results = run_contention(model, args.dtype, args.prompt_len or 64, args.gen_len or 48)
+        write_results(args.out, "contention", results)
+        return 0
     if args.gpu:
         from kamado.bench.gpu import run_gpu_bench
 

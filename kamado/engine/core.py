@@ -12,7 +12,10 @@ import os
 import time
 from dataclasses import dataclass
 
+import torch
+
 from kamado.config import EngineConfig, ModelConfig
+from kamado.engine.cpu_threads import DEFAULT_THREADS, ThreadGovernor
 from kamado.engine.model_loading import kv_fingerprint, load_for_engine
 from kamado.engine.model_runner import ModelRunner
 from kamado.engine.outputs import TokenDelta, TokenLogprob
@@ -56,11 +59,17 @@ class EngineStats:
     disk_files_corrupt: int = 0  # unreadable or mismatched files found (and removed)
     disk_files_removed: int = 0  # files deleted to stay under the size cap
     resident_memory_bytes: int = 0  # the engine process's RSS (0 where it cannot be read)
+    cpu_threads: int = 0  # threads the model computes with now (0 on an accelerator)
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.threads = (
+            ThreadGovernor(DEFAULT_THREADS, config.cpu_threads)
+            if torch.device(config.device).type == "cpu"
+            else None
+        )
         loaded = load_for_engine(config)
         self.model_config: ModelConfig = loaded.model_config
         self.dtype = loaded.dtype
@@ -217,6 +226,8 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        if self.threads is not None:
+            self.threads.update()
         started = time.perf_counter()
         sampled = self.runner.execute(batch, self.guides)
         seconds = time.perf_counter() - started
@@ -315,6 +326,7 @@ class EngineCore:
             s.disk_files_corrupt = self.disk.num_corrupt
             s.disk_files_removed = self.disk.num_removed
         s.resident_memory_bytes = resident_memory_bytes()
+        s.cpu_threads = self.threads.threads if self.threads is not None else 0
         return EngineStats(**vars(s))
 
 

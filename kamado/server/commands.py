@@ -58,6 +58,7 @@ def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_cache,
         kv_disk_dir=args.kv_disk_dir or str(kamado_home() / "kv-cache"),
         kv_disk_bytes=int(args.kv_disk_gb * GIB),
+        cpu_threads=args.threads,
     )
 
 

@@ -48,6 +48,10 @@ class _EngineCollector(Collector):
                 "Resident memory of the engine core process",
                 s.resident_memory_bytes,
             ),
+            "kamado_engine_cpu_threads": (
+                "CPU threads the model computes with (they follow the idle cores)",
+                s.cpu_threads,
+            ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)

@@ -35,3 +35,14 @@ def test_throughput_bench_runs_beside_transformers(tmp_path):
     engines = {(r["engine"], r["batch"]) for r in results}
     assert engines == {("kamado", 1), ("kamado", 8), ("transformers", 1), ("transformers", 8)}
     assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in results)
+
+
+def test_contention_bench_times_each_thread_policy_quiet_and_beside_a_busy_process(tmp_path):
+    out = tmp_path / "contention.json"
+    args = ["bench", "--contention", "--model", TINY, "--prompt-len", "8", "--gen-len", "4"]
+    assert main([*args, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]["rows"]
+    assert len(rows) == 2 * 2 * 3  # quiet and busy, batch 1 and 8, three policies
+    assert all(r["decode_tok_s"] > 0 for r in rows)
+    pinned_one = [r for r in rows if r["threads"] == "one thread"]
+    assert all(r["threads_at_end"] == 1 for r in pinned_one)
