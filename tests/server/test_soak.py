@@ -68,11 +68,11 @@ def test_memory_is_judged_from_when_the_kv_pool_filled():
 
 def test_a_short_soak_against_a_real_server(server):
     turns = generate_trace(
-        agents=2, max_context_tokens=950, new_tokens_per_turn=60, max_tokens=3, seed=2
+        agents=2, max_context_tokens=750, new_tokens_per_turn=60, max_tokens=3, seed=2
     )
     url = server.url + "/v1"
     out = asyncio.run(soak(url, turns, duration_s=25, window_s=5, sample_every_s=1, progress=False))
-    assert out["summary"]["errors"] == 0 and out["summary"]["turns"] > len(turns)
+    assert out["summary"]["errors"] == 0
     assert max(r["pass"] for r in out["per_turn"]) >= 1  # the agents looped
     assert sum(w["requests"] for w in out["windows"]) == out["summary"]["turns"]
     samples = out["samples"]
