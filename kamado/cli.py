@@ -22,6 +22,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen", default="127.0.0.1:8091", help="HOST:PORT to listen on")
     p.add_argument("--served-model-name", default=None, help="model id reported to clients")
     p.add_argument("--chat-template", default=None, help="jinja file overriding the model's")
+    p.add_argument(
+        "--chat-template-kwargs",
+        default=None,
+        metavar="JSON",
+        help="template variables for every request, e.g. '{\"enable_thinking\": false}'",
+    )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache budget in GiB")
     p.add_argument("--max-model-len", type=int, default=None)

@@ -58,6 +58,8 @@ class EngineStats:
     disk_bytes: int = 0  # size of the disk tier's directory
     disk_files_corrupt: int = 0  # unreadable or mismatched files found (and removed)
     disk_files_removed: int = 0  # files deleted to stay under the size cap
+    history_rewrites: int = 0  # turns whose prompt rewrote the session's previous prompt
+    history_rewritten_tokens: int = 0  # tokens of history recomputed because of it
     resident_memory_bytes: int = 0  # the engine process's RSS (0 where it cannot be read)
     cpu_threads: int = 0  # threads the model computes with now (0 on an accelerator)
 
@@ -321,6 +323,8 @@ class EngineCore:
         s.kv_evictions = self.pool.num_evictions
         s.disk_bytes_written = p.disk_bytes_written
         s.disk_bytes_read = p.disk_bytes_read
+        s.history_rewrites = p.history_rewrites
+        s.history_rewritten_tokens = p.history_rewritten_tokens
         if self.disk is not None:
             s.disk_bytes = self.disk.num_bytes
             s.disk_files_corrupt = self.disk.num_corrupt

@@ -7,6 +7,7 @@ one token is computed so there are logits to sample from.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ from kamado.kv.eviction import MAX_SESSIONS
 
 if TYPE_CHECKING:
     from kamado.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,6 +41,18 @@ class PrefixStats:
     disk_hit_tokens: int = 0
     disk_bytes_written: int = 0
     disk_bytes_read: int = 0
+    # Turns whose prompt changed what the session's previous prompt said (history
+    # rewritten by the chat template or the client), and the tokens that cost.
+    history_rewrites: int = 0
+    history_rewritten_tokens: int = 0
+
+
+@dataclass
+class SessionTurn:
+    """A session's newest turn: the keys of its computed blocks, prompt blocks first."""
+
+    keys: list[bytes]
+    num_prompt_blocks: int
 
 
 class PrefixCache:
@@ -55,8 +70,7 @@ class PrefixCache:
         self.disk = disk
         self.enabled = enabled
         self.stats = PrefixStats()
-        # Each session's newest turn: the keys of its blocks.
-        self._newest: OrderedDict[str, list[bytes]] = OrderedDict()
+        self._newest: OrderedDict[str, SessionTurn] = OrderedDict()
         if disk is not None:
             pool.on_evict = self._save
 
@@ -101,6 +115,33 @@ class PrefixCache:
             self.stats.queried_tokens += seq.num_prompt_tokens
             self.stats.device_hit_tokens += device_tokens
             self.stats.disk_hit_tokens += cached - device_tokens
+            self._check_history(seq)
+
+    def _check_history(self, seq: Sequence) -> None:
+        """An agent's next prompt should begin with its previous prompt. Where it differs
+        inside it, something rewrote the history (a chat template that drops past reasoning,
+        a client that edits old messages) and that part is recomputed: count it."""
+        previous = self._newest.get(seq.session) if seq.session is not None else None
+        if previous is None or seq.index != 0:
+            return
+        comparable = min(previous.num_prompt_blocks, len(seq.block_keys))
+        same = 0
+        while same < comparable and seq.block_keys[same] == previous.keys[same]:
+            same += 1
+        if same == comparable or same == 0:
+            return  # history kept, or another conversation under the same key
+        lost = (comparable - same) * self.block_size
+        if not self.stats.history_rewrites:
+            log.warning(
+                "session %r: this turn's prompt differs from the previous one's %d tokens "
+                "from the start, so %d tokens of history were recomputed; the chat template "
+                "or the client rewrites earlier turns (kamado_prefix_history_rewrites_total)",
+                seq.session,
+                same * self.block_size,
+                lost,
+            )
+        self.stats.history_rewrites += 1
+        self.stats.history_rewritten_tokens += lost
 
     def commit(self, seq: Sequence, num_computed_before: int) -> None:
         """Blocks that this step filled with computed K/V become findable by their key."""
@@ -130,10 +171,11 @@ class PrefixCache:
         if not chain:
             return  # ended before computing anything (e.g. aborted in the queue)
         current = set(chain)
-        for key in self._newest.get(seq.session, []):
+        previous = self._newest.get(seq.session)
+        for key in previous.keys if previous is not None else []:
             if key not in current:
                 self.pool.supersede(key)
-        self._newest[seq.session] = chain
+        self._newest[seq.session] = SessionTurn(chain, seq.num_prompt_tokens // self.block_size)
         self._newest.move_to_end(seq.session)
         if len(self._newest) > MAX_SESSIONS:
             self._newest.popitem(last=False)

@@ -137,7 +137,9 @@ async def prepare(state: ServerState, raw: bytes) -> PreparedChat:
     )
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     # Rendering and tokenizing a 100k-token conversation takes a while: keep it off the loop.
-    text = await asyncio.to_thread(state.template.render, req.messages, tools)
+    text = await asyncio.to_thread(
+        state.template.render, req.messages, tools, req.chat_template_kwargs
+    )
     prompt = await asyncio.to_thread(state.template.tokenize, text)
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -55,8 +55,27 @@ def _arguments(args: str | dict[str, Any]) -> Any:
     return args
 
 
+# Keywords apply_chat_template itself takes: a request may not set them through
+# chat_template_kwargs.
+_RESERVED_KWARGS = {"conversation", "messages", "tools", "chat_template", "tokenize",
+                    "add_generation_prompt", "continue_final_message", "return_dict"}  # fmt: skip
+
+
+def stable_history_options(source: str) -> dict[str, Any]:
+    """Template options that keep an agent's earlier turns rendered the same on every turn,
+    where the template has them: Qwen's `preserve_thinking` keeps past reasoning blocks in
+    the history instead of dropping them once a new user message arrives, so the previous
+    prompt stays a prefix of the next one and the prefix cache keeps hitting."""
+    return {"preserve_thinking": True} if "preserve_thinking" in source else {}
+
+
 class ChatTemplate:
-    def __init__(self, tokenizer: Any, template_file: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        template_file: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.override = Path(template_file).read_text() if template_file else None
         source = self.override or getattr(tokenizer, "chat_template", None) or ""
@@ -65,6 +84,9 @@ class ChatTemplate:
             self.override = source
         # Empty for a base model: /v1/completions still works, chat asks for a template.
         self.source: str = source
+        # Variables the template renders with: history-stable ones, then the server's own.
+        self.options = {**stable_history_options(source), **(options or {})}
+        check_template_options(self.options, "--chat-template-kwargs")
         self.knows_tools = "tools" in source
         self.tool_format = detect_tool_format(source)
         # Whether the vocabulary has the tags as single tokens (Qwen does), not as plain text.
@@ -84,6 +106,8 @@ class ChatTemplate:
                 d["name"] = m.name
             if m.tool_call_id is not None:
                 d["tool_call_id"] = m.tool_call_id
+            if m.reasoning_content is not None:
+                d["reasoning_content"] = m.reasoning_content
             if m.tool_calls:
                 calls = [
                     {
@@ -117,8 +141,14 @@ class ChatTemplate:
             out.append(d)
         return out
 
-    def render(self, messages: list[ChatMessage], tools: list[Tool] | None = None) -> str:
-        """Prompt text ending with the assistant generation prompt."""
+    def render(
+        self,
+        messages: list[ChatMessage],
+        tools: list[Tool] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> str:
+        """Prompt text ending with the assistant generation prompt. `options` (a request's
+        chat_template_kwargs) override the server's template variables."""
         if not messages:
             raise APIError("messages must contain at least one message.", param="messages")
         if not self.source:
@@ -138,6 +168,10 @@ class ChatTemplate:
             else:
                 conversation.insert(0, {"role": "system", "content": preamble})
             tool_dicts = None
+        variables = {
+            **self.options,
+            **check_template_options(options or {}, "chat_template_kwargs"),
+        }
         try:
             text = self.tokenizer.apply_chat_template(
                 conversation,
@@ -145,6 +179,7 @@ class ChatTemplate:
                 chat_template=self.override,
                 tokenize=False,
                 add_generation_prompt=True,
+                **variables,
             )
         except Exception as e:  # jinja raise_exception(...) and template type errors alike
             raise APIError(
@@ -163,3 +198,12 @@ class ChatTemplate:
                 "The request contains text that is not valid Unicode (lone surrogates).",
                 code="invalid_encoding",
             ) from None
+
+
+def check_template_options(options: dict[str, Any], where: str) -> dict[str, Any]:
+    if reserved := sorted(_RESERVED_KWARGS & options.keys()):
+        raise APIError(
+            f"{where} may not set {', '.join(reserved)}: the server sets these itself.",
+            param=where,
+        )
+    return options

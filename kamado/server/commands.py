@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from kamado.config import EngineConfig, kamado_home
 
@@ -68,7 +70,14 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str], source) -> int:
+async def _serve(
+    args: argparse.Namespace,
+    host: str,
+    port: int,
+    names: list[str],
+    source,
+    template_kwargs: dict[str, Any],
+) -> int:
     import uvicorn
 
     from kamado.engine.async_engine import AsyncEngine, EngineStartError
@@ -89,6 +98,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
         stall_timeout_s=_env_float("KAMADO_HEALTH_STALL_SECONDS", 120.0),
         heartbeat_s=_env_float("KAMADO_SSE_HEARTBEAT_SECONDS", 15.0),
         chat_template_file=args.chat_template,
+        chat_template_kwargs=template_kwargs,
         tool_call_format=args.tool_call_format,
     )
     config = engine_config(args, str(source.path))
@@ -149,6 +159,25 @@ async def _serve(args: argparse.Namespace, host: str, port: int, names: list[str
             await supervisor.close()  # the current engine, which may be a restarted one
 
 
+def _template_kwargs(text: str | None) -> dict[str, Any]:
+    """--chat-template-kwargs: a JSON object of template variables."""
+    from kamado.server.chat_template import check_template_options
+    from kamado.server.errors import APIError
+
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError("give a JSON object, e.g. '{\"enable_thinking\": false}'")
+    try:
+        return check_template_options(value, "--chat-template-kwargs")
+    except APIError as e:
+        raise ValueError(e.message) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from kamado.models.errors import ModelLoadError
     from kamado.models.source import resolve_model
@@ -159,6 +188,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if args.chat_template and not Path(args.chat_template).is_file():
         print(f"kamado serve: --chat-template {args.chat_template}: no such file", file=sys.stderr)
+        return 2
+    try:
+        template_kwargs = _template_kwargs(args.chat_template_kwargs)
+    except ValueError as e:
+        print(f"kamado serve: --chat-template-kwargs: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="kamado: %(message)s")
     try:
@@ -173,6 +207,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     names = [args.served_model_name or source.name]
     names += [n for n in (args.model, source.name, source.path.name) if n not in names]
     try:
-        return asyncio.run(_serve(args, host, port, names, source))
+        return asyncio.run(_serve(args, host, port, names, source, template_kwargs))
     except KeyboardInterrupt:
         return 130

@@ -81,6 +81,17 @@ def _prefix_cache_metrics(s: Any) -> Iterator[Any]:
         rate.add_metric([tier], value / s.prefix_queried_tokens if s.prefix_queried_tokens else 0.0)
     yield hits
     yield rate
+    yield CounterMetricFamily(
+        "kamado_prefix_history_rewrites",
+        "Turns whose prompt changed the session's previous prompt (chat template or client "
+        "rewrote history)",
+        value=s.history_rewrites,
+    )
+    yield CounterMetricFamily(
+        "kamado_prefix_history_rewritten_tokens",
+        "Tokens of earlier turns recomputed because the history was rewritten",
+        value=s.history_rewritten_tokens,
+    )
     yield GaugeMetricFamily(
         "kamado_kv_blocks_cached",
         "Unreferenced KV blocks kept for prefix reuse",

@@ -40,6 +40,9 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # A reasoning model's earlier thinking, sent back by clients that keep it (Qwen3
+    # templates render it, e.g. with preserve_thinking).
+    reasoning_content: str | None = None
 
 
 class FunctionDefinition(_Lenient):
@@ -112,6 +115,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+    # Variables for the chat template (vLLM's name), e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):

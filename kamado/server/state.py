@@ -26,6 +26,7 @@ class ServerOptions:
     # A streamed reply that has nothing to send for this long sends an SSE comment.
     heartbeat_s: float = 15.0
     chat_template_file: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_call_format: ToolFormat | None = None  # None: read from the chat template
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -54,7 +55,9 @@ class ServerState:
         self.engine = engine
         self.tokenizer = tokenizer
         self.options = options
-        self.template = ChatTemplate(tokenizer, options.chat_template_file)
+        self.template = ChatTemplate(
+            tokenizer, options.chat_template_file, options.chat_template_kwargs
+        )
         self.tool_format: ToolFormat = options.tool_call_format or self.template.tool_format
         self.token_text = TokenText(tokenizer)
         # End-of-turn token of the chat template; the engine also stops on the model's EOS ids.

@@ -139,3 +139,28 @@ def test_prefix_cache_off_computes_everything(tiny_models):
     assert cached(engine, "b", prompt, greedy(3))[1] == 0
     assert engine.pool.num_cached == 0
     assert_no_leaks(engine)
+
+
+def test_a_turn_that_rewrites_the_sessions_history_is_counted(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = make_engine(path, block_size=BS)
+    system, user = list(range(100, 116)), list(range(200, 220))  # 4 and 5 blocks
+    first = system + user + [5, 6, 7]  # 39 tokens: 9 full prompt blocks
+    out, _ = cached(engine, "t1", first, greedy(4), "agent")
+    # Append-only: the next turn begins with the previous prompt (and its reply).
+    cached(engine, "t2", first + out + [8, 9, 10, 11, 12], greedy(4), "agent")
+    assert engine.prefix.stats.history_rewrites == 0
+    second_prompt = first + out + [8, 9, 10, 11, 12]
+    # Like a template dropping an old reasoning block: the user turn is rendered shorter.
+    rewritten = system + user[:8] + user[12:] + second_prompt[len(system) + len(user) :]
+    _, hit = cached(engine, "t3", rewritten, greedy(4), "agent")
+    assert hit == len(system) + 8  # up to the first changed block
+    stats = engine.prefix.stats
+    assert stats.history_rewrites == 1
+    # From the first changed block to where the previous prompt ended (or this one's last
+    # full block, if it is shorter): the recomputed part of what was history.
+    comparable = min(len(second_prompt) // BS, (len(rewritten) - 1) // BS)
+    assert stats.history_rewritten_tokens == (comparable - 6) * BS
+    # Another conversation under the same key (nothing shared) is not a rewrite.
+    cached(engine, "t4", list(range(300, 340)), greedy(4), "agent")
+    assert engine.prefix.stats.history_rewrites == 1

@@ -54,6 +54,12 @@ def test_malformed_bodies(smol_server, body, words):
         ({"messages": HI, "stop": 5}, "stop", ["stop"]),
         ({"messages": HI, "tools": [{"type": "function"}]}, "tools[0].function", ["function"]),
         ({"messages": HI, "tool_choice": "sometimes"}, "tool_choice", ["tool_choice"]),
+        ({"messages": HI, "chat_template_kwargs": [1]}, "chat_template_kwargs", ["dict"]),
+        (
+            {"messages": HI, "chat_template_kwargs": {"tools": []}},
+            "chat_template_kwargs",
+            ["may not set tools"],
+        ),
     ],
 )
 def test_wrong_types_name_the_field(smol_server, body, param, words):

@@ -102,3 +102,35 @@ def test_custom_template_file(tmp_path, qwen):
     custom = ChatTemplate(qwen.tokenizer, str(f))
     r = req([{"role": "user", "content": "a < b"}])
     assert custom.render(r.messages) == "[user] a < b\n>>"
+
+
+THINKING = (
+    "{% for m in messages %}"
+    "{% if m.reasoning_content and preserve_thinking %}<think>{{ m.reasoning_content }}</think>"
+    "{% endif %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+)
+
+
+def test_history_keeping_template_options_are_on_unless_turned_off(tmp_path, qwen):
+    f = tmp_path / "thinking.jinja"
+    f.write_text(THINKING)
+    messages = req(
+        [
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": "done", "reasoning_content": "look at a.py"},
+            {"role": "user", "content": "thanks"},
+        ]
+    ).messages
+    kept = "[user] fix it\n<think>look at a.py</think>[assistant] done\n[user] thanks\n"
+    dropped = kept.replace("<think>look at a.py</think>", "")
+    template = ChatTemplate(qwen.tokenizer, str(f))
+    assert template.options == {"preserve_thinking": True}
+    assert template.render(messages) == kept
+    assert template.render(messages, options={"preserve_thinking": False}) == dropped
+    server_off = ChatTemplate(qwen.tokenizer, str(f), {"preserve_thinking": False})
+    assert server_off.render(messages) == dropped
+    assert server_off.render(messages, options={"preserve_thinking": True}) == kept
+    assert qwen.options == {}  # a template without such an option renders as it always did
+    with pytest.raises(APIError) as e:
+        template.render(messages, options={"add_generation_prompt": False})
+    assert e.value.status == 400 and e.value.param == "chat_template_kwargs"

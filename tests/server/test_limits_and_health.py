@@ -101,3 +101,15 @@ def test_health_reports_a_stalled_engine_and_streams_keep_alive(tiny_server):
     # While nothing came, SSE comments kept the connection visibly alive.
     assert lines.count(": keep-alive") >= 3
     assert httpx.get(tiny_server.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("{not json", "not JSON"), ("[1]", "JSON object"), ('{"tokenize": true}', "tokenize")],
+)
+def test_bad_chat_template_kwargs_stop_the_server_before_loading(value, words, capsys):
+    from kamado.cli import main
+
+    args = ["serve", "--model", "nowhere.gguf", "--listen", "127.0.0.1:0"]
+    assert main([*args, "--chat-template-kwargs", value]) == 2
+    assert words in capsys.readouterr().err

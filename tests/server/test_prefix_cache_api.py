@@ -100,6 +100,25 @@ def test_metrics_count_queried_and_hit_tokens(server):
     assert metric(server, 'kamado_kv_tier_bytes_total{destination="disk"') >= 0
 
 
+def test_a_turn_that_rewrites_history_is_counted_and_an_appended_one_is_not(server):
+    messages = conversation()
+    messages[1]["content"] = "Summarise this: " + "a long story about the sea. " * 12
+    key = {"prompt_cache_key": f"agent-{uuid.uuid4().hex}"}
+    first = chat(server, messages, extra_body=key)
+    rewrites = metric(server, "kamado_prefix_history_rewrites_total")
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Shorter, please."},
+    ]
+    chat(server, messages, extra_body=key)
+    assert metric(server, "kamado_prefix_history_rewrites_total") == rewrites
+    # The client edits its first message: from there on the old history no longer matches.
+    messages[1]["content"] = messages[1]["content"].replace("story", "tale", 6)
+    chat(server, messages, extra_body=key)
+    assert metric(server, "kamado_prefix_history_rewrites_total") == rewrites + 1
+    assert metric(server, "kamado_prefix_history_rewritten_tokens_total") >= 32
+
+
 def test_a_restarted_server_finds_evicted_blocks_on_disk(smollm2_path, tmp_path):
     # A small KV pool: the second conversation pushes the first one out of the device.
     args = ("--max-model-len", "384", "--dtype", "float32", "--kv-cache-gb", "0.02")
