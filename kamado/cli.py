@@ -103,6 +103,9 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     make.add_argument("--max-context", type=int, default=8192, help="tokens a session grows to")
     make.add_argument("--new-tokens", type=int, default=1000, help="new prompt tokens a turn")
     make.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each request")
+    make.add_argument(
+        "--system-tokens", type=int, default=0, help="grow the shared system prompt to this"
+    )
     make.add_argument("--seed", type=int, default=0)
     run = rsub.add_parser("run", help="replay a trace against a running server")
     run.add_argument("trace")

@@ -67,6 +67,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             new_tokens_per_turn=args.new_tokens,
             max_tokens=args.max_tokens,
             seed=args.seed,
+            system_tokens=args.system_tokens,
         )
         write_trace(args.out, turns)
         print(f"{len(turns)} turns of {args.agents} agents written to {args.out}")

@@ -131,6 +131,18 @@ def _source_file(rng: random.Random, approx_tokens: int) -> str:
     return "\n".join(lines)
 
 
+def _system_prompt(approx_tokens: int, seed: int) -> str:
+    """The agent program's instructions, grown to about `approx_tokens` with the kind of
+    project context agents put there (OpenCode's system prompt and tool schemas come to
+    ~6,900 tokens, ../shared/CLIENTS.md): a listing of the repository's files."""
+    rng = random.Random(seed)
+    lines = [SYSTEM, "", "# Repository files"]
+    while len("\n".join(lines)) < approx_tokens * CHARS_PER_TOKEN:
+        a, b, c = rng.sample(WORDS, 3)
+        lines.append(f"- src/{a}/{b}_{c}.py: the {b} {c} of the {a} layer")
+    return "\n".join(lines)
+
+
 def generate_trace(
     agents: int = 4,
     max_context_tokens: int = 8192,
@@ -138,11 +150,14 @@ def generate_trace(
     max_tokens: int = 16,
     think_s: float = 0.5,
     seed: int = 0,
+    system_tokens: int = 0,
 ) -> list[TraceTurn]:
     """Coding-agent sessions: one task each, then turns that read a file (a tool call and its
     result of ~`new_tokens_per_turn` tokens) until the context nears `max_context_tokens`.
-    Agents share the system prompt and tools, as instances of one agent program do."""
+    Agents share the system prompt and tools, as instances of one agent program do; with
+    `system_tokens` the system prompt carries project context up to about that size."""
     rng = random.Random(seed)
+    system = _system_prompt(system_tokens, seed) if system_tokens else SYSTEM
     turns: list[TraceTurn] = []
     for a in range(agents):
         agent = f"agent-{a}"
@@ -151,10 +166,10 @@ def generate_trace(
             f"{rng.choice(WORDS)} test fails intermittently; find the cause and fix it."
         )
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM},
+            {"role": "system", "content": system},
             {"role": "user", "content": task},
         ]
-        context = (len(SYSTEM) + len(task) + len(json.dumps(TOOLS))) / CHARS_PER_TOKEN
+        context = (len(system) + len(task) + len(json.dumps(TOOLS))) / CHARS_PER_TOKEN
         turn = 0
         while True:
             request = {

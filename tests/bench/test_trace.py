@@ -49,3 +49,17 @@ def test_summary_counts_hits_over_prompt_tokens_and_errors():
     assert s["prefix_hit_rate_follow_ups"] == pytest.approx(0.9)
     assert s["ttft_follow_ups"]["median_s"] == 0.2
     assert s["turns_per_hour"] == pytest.approx(2 * 360)
+
+
+def test_a_larger_system_prompt_is_shared_by_every_agent():
+    small = generate_trace(agents=2, max_context_tokens=8000, new_tokens_per_turn=500, seed=3)
+    big = generate_trace(
+        agents=2, max_context_tokens=8000, new_tokens_per_turn=500, seed=3, system_tokens=5000
+    )
+    systems = {t.request["messages"][0]["content"] for t in big}
+    assert len(systems) == 1  # one agent program: every agent and turn sends the same one
+    grown = len(systems.pop())
+    assert 5000 * 3 < grown < 5000 * 4 and grown > 3 * len(
+        small[0].request["messages"][0]["content"]
+    )
+    assert len(big) < len(small)  # the context fills sooner
