@@ -86,6 +86,16 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--contention", action="store_true", help="decode beside a busy process, by thread policy"
     )
+    p.add_argument(
+        "--agents",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N agents' turns in token ids, prefix cache on then off (contexts: --prompt-len)",
+    )
+    p.add_argument("--new-tokens", type=int, default=1024, help="--agents: new tokens a turn")
+    p.add_argument("--turns", type=int, default=4, help="--agents: follow-up turns per agent")
+    p.add_argument("--device", default="cpu", help="--agents: cpu or cuda")
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

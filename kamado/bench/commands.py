@@ -27,6 +27,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results = run_structured(model, args.dtype, args.gen_len or 64, args.tokenizer)
         write_results(args.out, "structured", results)
         return 0
+    if args.agents:
+        from kamado.bench.agents import run_agents_bench
+
+        model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
+        results = run_agents_bench(
+            model, args.device, args.dtype, args.agents, args.prompt_len or 4096,
+            args.new_tokens, args.turns, args.gen_len or 32,
+        )  # fmt: skip
+        write_results(args.out, "agents", results)
+        return 0
     if args.contention:
         from kamado.bench.contention import run_contention
 

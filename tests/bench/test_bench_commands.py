@@ -46,3 +46,20 @@ def test_contention_bench_times_each_thread_policy_quiet_and_beside_a_busy_proce
     assert all(r["decode_tok_s"] > 0 for r in rows)
     pinned_one = [r for r in rows if r["threads"] == "one thread"]
     assert all(r["threads_at_end"] == 1 for r in pinned_one)
+
+
+def test_agents_bench_replays_turns_with_the_prefix_cache_on_then_off(tmp_path):
+    out = tmp_path / "agents.json"
+    args = ["bench", "--agents", "3", "--model", TINY, "--prompt-len", "200"]
+    args += ["--new-tokens", "40", "--turns", "2", "--gen-len", "4", "--out", str(out)]
+    assert main(args) == 0
+    r = json.loads(out.read_text())["results"]
+    on, off = r["cache_on"], r["cache_off"]
+    assert on["turns"] == off["turns"] == 3 * 3  # a cold turn and 2 follow-ups per agent
+    # A follow-up recomputes only its new tokens, the previous reply, and a partial block.
+    assert on["prefix_hit_rate_follow_ups"] > 0.6 and off["prefix_hit_rate"] == 0
+    def prompts(run: dict) -> list[tuple[int, int, int]]:
+        return sorted((t["agent"], t["turn"], t["prompt_tokens"]) for t in run["per_turn"])
+
+    assert prompts(on) == prompts(off)  # the same sessions (greedy replies are the same)
+    assert r["ttft_speedup_follow_ups"] > 0
