@@ -5,7 +5,8 @@ decode-only step. The pacer measures both from real steps: the decode-only step 
 and what a chunk adds to it. That extra time is modelled as a fixed part (a chunk makes
 every matmul taller and adds its own attention calls, whatever its size) plus a part per
 token (which grows with the context the chunk attends to), fitted over recent steps. The
-next chunk is sized so the fitted cost plus the fit's typical error stays in the slack.
+next chunk is sized so the fitted cost plus the fit's typical error stays in the slack;
+when the fixed part alone overruns it, the chunk gets the slack on top of the fixed part.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ class PrefillPacer:
             return self.MIN_CHUNK
         fixed, per_token, error = self.cost_model()
         slack = (self.factor - 1.0) * self.decode_step_s
-        fits = int((slack - fixed - error) / per_token)
+        # Where any chunk at all costs more than the slack (a mixed step runs eagerly beside
+        # decodes replayed from CUDA graphs), a one-token chunk stalls the streams about as
+        # long as a chunk worth the slack: take the slack's worth, so prefill still moves.
+        usable = slack - fixed - error if fixed + error < slack else slack
+        fits = int(usable / per_token)
         largest = max(tokens for tokens, _ in self._mixed)
         return max(self.MIN_CHUNK, min(self.max_tokens, fits, self.MAX_GROWTH * largest))
 

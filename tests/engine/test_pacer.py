@@ -69,3 +69,16 @@ def test_noisy_steps_make_the_pacer_more_careful():
     clean, noisy = limit_after(0.0), limit_after(0.005)
     assert clean == pytest.approx(20, abs=1)
     assert noisy == pytest.approx(clean - 5, abs=1)
+
+
+def test_when_any_chunk_overruns_the_slack_a_chunk_still_gets_the_slack():
+    # As on a GPU: decodes replay from graphs in 7 ms, a mixed step runs eagerly, 20 ms more.
+    pacer = PrefillPacer(1.25, 8192)
+    pacer.observe(3, 0, 0.007)
+    for tokens in (1, 2, 4, 8, 16, 32, 64, 128) * 2:
+        pacer.observe(3, tokens, 0.007 + 0.020 + tokens * 1e-6)
+    fixed, per_token, _ = pacer.cost_model()
+    assert fixed == pytest.approx(0.020) and per_token == pytest.approx(1e-6)
+    # One token would stall the streams 27 ms as well; 1.75 ms of slack buys 1750 tokens
+    # (capped at twice the largest chunk measured).
+    assert pacer.prefill_limit(3) == 2 * 128
