@@ -59,6 +59,9 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     device: str = "cpu"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # KV cache storage: auto (the model's dtype) | fp8 (e4m3) | int8; 8-bit formats keep a
+    # float32 scale per token and kv head (kamado/kv/quant.py) and hold about twice the tokens.
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     # KV cache memory budget in bytes; None sizes it from device memory.
     kv_cache_bytes: int | None = None
