@@ -8,6 +8,7 @@ from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")  # see kamado/kv/quant.py
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kamado.config import KV_CACHE_DTYPES
+
 log = logging.getLogger(__name__)
 
-KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # Smallest normal float32: the scale of an all-zero (or denormal) vector, so codes stay finite.
