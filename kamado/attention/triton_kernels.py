@@ -40,14 +40,14 @@ def _store_kv_kernel(
 
 
 @triton.jit
-def _quantize_store(src, dst, scale_dst, offs, h, hmask, qmax, INT8: tl.constexpr):
+def _quantize_store(src, dst, scale_dst, offs, h, hmask, QMAX: tl.constexpr, INT8: tl.constexpr):
     """One token's [heads, head_dim] as codes plus a scale per head; rounding as in
     kv/quant.py (IEEE division, to nearest even), so both backends write the same bytes."""
     x = tl.load(src + offs, mask=hmask[:, None], other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), 1)
-    scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, qmax, tl.float32)), MIN_SCALE)
+    scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, QMAX, tl.float32)), MIN_SCALE)
     y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
-    y = tl.minimum(tl.maximum(y, -qmax), qmax)
+    y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
     codes = libdevice.rint(y).to(tl.int8) if INT8 else y.to(dst.dtype.element_ty)
     tl.store(dst + offs, codes, mask=hmask[:, None])
     tl.store(scale_dst + h, scale, mask=hmask)
@@ -56,9 +56,9 @@ def _quantize_store(src, dst, scale_dst, offs, h, hmask, qmax, INT8: tl.constexp
 @triton.jit
 def _store_kv_quant_kernel(
     k_ptr, v_ptr, k_cache, v_cache, k_scale, v_scale, slot_mapping,
-    stride_k, stride_v, stride_slot, stride_sslot, qmax,
+    stride_k, stride_v, stride_slot, stride_sslot,
     KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    INT8: tl.constexpr,
+    QMAX: tl.constexpr, INT8: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     slot = tl.load(slot_mapping + t).to(tl.int64)
@@ -69,11 +69,11 @@ def _store_kv_quant_kernel(
     offs = h[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     _quantize_store(
         k_ptr + t * stride_k, k_cache + slot * stride_slot, k_scale + slot * stride_sslot,
-        offs, h, hmask, qmax, INT8,
+        offs, h, hmask, QMAX, INT8,
     )  # fmt: skip
     _quantize_store(
         v_ptr + t * stride_v, v_cache + slot * stride_slot, v_scale + slot * stride_sslot,
-        offs, h, hmask, qmax, INT8,
+        offs, h, hmask, QMAX, INT8,
     )  # fmt: skip
 
 
@@ -96,9 +96,9 @@ def store_kv(
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         _store_kv_quant_kernel[(k.shape[0],)](
             k, v, k_cache, v_cache, scales[0], scales[1], slot_mapping,
-            k.stride(0), v.stride(0), k_cache.stride(0), scales[0].stride(0), qmax,
+            k.stride(0), v.stride(0), k_cache.stride(0), scales[0].stride(0),
             KV_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-            HEAD_DIM=head_dim, INT8=k_cache.dtype == torch.int8,
+            HEAD_DIM=head_dim, QMAX=qmax, INT8=k_cache.dtype == torch.int8,
         )  # fmt: skip
         return
     k, v = k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)

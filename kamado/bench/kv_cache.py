@@ -1,6 +1,7 @@
 """`kamado bench --kv-cache`: a quantized KV cache (int8, fp8) beside the model-dtype cache
 in one run: tokens of context that fit the same byte budget, decode tokens/s over a long
-context (repeats interleaved, medians), and greedy agreement with the model-dtype cache.
+context (repeats interleaved, medians), and agreement with the model-dtype cache's greedy
+tokens (up to the first difference, and teacher-forced top-1).
 
 On CUDA each row also carries its decode roofline: the copy bandwidth measured in the same
 run over the bytes one step reads (every weight once, plus each sequence's K/V and scales).
@@ -65,6 +66,18 @@ def greedy_continuations(engine: EngineCore, prompts: list[list[int]], n: int) -
     return list(out.values())
 
 
+def top1_agreement(
+    engine: EngineCore, prompts: list[list[int]], reference: list[list[int]]
+) -> float:
+    """Teacher-forced: the share of reference tokens that are the engine's greedy pick after
+    the prompt and the reference's tokens before them. Unlike greedy agreement, one early
+    near-tie does not decide a whole continuation."""
+    forced = [p + r[:t] for p, r in zip(prompts, reference, strict=True) for t in range(len(r))]
+    picks = greedy_continuations(engine, forced, 1)
+    expected = [token for r in reference for token in r]
+    return sum(p[:1] == [e] for p, e in zip(picks, expected, strict=True)) / len(expected)
+
+
 def agreement_prompts(model: str, vocab_size: int) -> list[list[int]]:
     tokenizer = load_tokenizer(resolve_model(model))
     if tokenizer is None:  # synthetic weights: random token ids
@@ -123,6 +136,7 @@ def run_kv_cache_bench(
         if kv != "auto":
             ours = greedy_continuations(engine, prompts, AGREEMENT_TOKENS)
             row["agreement"], row["identical"] = agreement(ours, reference)
+            row["top1_agreement"] = top1_agreement(engine, prompts, reference)
         rows.append(row)
     base = rows[0]
     for row in rows:
@@ -148,6 +162,7 @@ def _fmt(row: dict, num_prompts: int) -> str:
         line += f", roofline {row['roofline_tok_s']:8.1f}"
     if "agreement" in row:
         line += (
-            f"; greedy agreement {row['agreement']:.1%}, {row['identical']}/{num_prompts} identical"
+            f"; greedy agreement {row['agreement']:.1%} ({row['identical']}/{num_prompts} "
+            f"identical), top-1 {row['top1_agreement']:.2%}"
         )
     return line
