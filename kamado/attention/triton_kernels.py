@@ -18,7 +18,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 LOG2E = 1.4426950408889634
-MIN_SCALE: tl.constexpr = 1.1754943508222875e-38  # as kv/quant.py: smallest normal float32
+MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # as kv/quant.py: smallest normal float32
 
 
 @triton.jit
