@@ -97,13 +97,13 @@ class KVCache:
     def write_block(self, block: int, data: torch.Tensor) -> None:
         """Fill a block from what read_block returned."""
         bs = self.block_size
+        blocks = [t[block * bs : (block + 1) * bs] for t in self._tensors()]
+        sizes = [dst.numel() * dst.element_size() for dst in blocks]
+        if data.numel() != sum(sizes):
+            raise ValueError(f"block data holds {data.numel()} bytes, the cache {sum(sizes)}")
         offset = 0
-        for t in self._tensors():
-            dst = t[block * bs : (block + 1) * bs]
-            n = dst.numel() * dst.element_size()
+        for dst, n in zip(blocks, sizes, strict=True):
             # A copy first: a uint8 slice may not be aligned for a view as float32.
             src = data[offset : offset + n].clone().view(dst.dtype).view(dst.shape)
             _bytes(dst).copy_(_bytes(src))
             offset += n
-        if offset != data.numel():
-            raise ValueError(f"block data holds {data.numel()} bytes, the cache {offset}")

@@ -3,9 +3,10 @@ error bounds, attention against full-precision K/V, pool sizing, block bytes, an
 engine's scheduling (batching, preemption, chunking, forks, prefix reuse) unchanged by it.
 
 Tolerances (relative Frobenius error of attention outputs against float32 K/V, on data
-whose per-token magnitudes vary e-fold and whose keys are scaled 2x, so softmax is sharp):
-int8 measured 1.3-1.7 %, held under 3 %; fp8 (3 mantissa bits) measured 5.6-6.2 %, held
-under 10 %.
+whose per-token magnitudes vary e-fold, with two outlier channels 8x the rest, keys scaled
+2x so softmax is sharp): int8 measured 3.1-4.3 %, held under 6 %; fp8 (3 mantissa bits)
+measured 4.3-7.1 %, held under 10 %. The outlier channels set each vector's scale, so int8
+loses most of its edge over fp8 here; without them int8 measured 1.3-1.7 % and fp8 5.6-6.2 %.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from kamado.engine.sampling_params import SamplingParams
 from kamado.kv.cache import KVCache, bytes_per_block
 from kamado.kv.quant import FP8_MAX, KVFormat, dequantize, kv_format, quantize
 from kamado.models import load_model_config, resolve_model
+from kamado.models.synthetic import SHAPES
 from tests.engine.conftest import greedy, make_engine, run
 from tests.engine.test_batching import mixed_requests
 
 CPU = torch.device("cpu")
-ATTENTION_TOLERANCE = {"int8": 1.0, "fp8": 1.0}
+ATTENTION_TOLERANCE = {"int8": 0.06, "fp8": 0.10}
 QUANTIZED = ["int8", "fp8"]
 
 
@@ -131,7 +133,6 @@ def test_an_8bit_cache_holds_about_twice_the_blocks_of_bf16(tiny_models):
         ratio = blocks[name] / blocks["auto"]
         print(f"{name}: {blocks[name]} blocks vs {blocks['auto']} in bf16 ({ratio:.3f}x)")
         assert ratio == pytest.approx(expected, rel=0.01)
-        assert ratio >= 1.75
     per_block = bytes_per_block(config, 16, torch.bfloat16, fmt_of("int8", torch.bfloat16))
     assert blocks["int8"] == budget // per_block
 
@@ -201,3 +202,13 @@ def test_forks_from_a_cached_prefix_give_cold_outputs(tiny_models, name):
     assert warm == cold
     assert engine.prefix.stats.device_hit_tokens > 0
     assert engine.pool.num_used == 0
+
+
+@pytest.mark.parametrize("shape", ["qwen2.5-0.5b", "qwen3-8b", "llama3-70b"])
+def test_real_shapes_fit_nearly_twice_the_tokens(shape):
+    config = SHAPES[shape]
+    bf16 = bytes_per_block(config, 16, torch.bfloat16)
+    int8 = bytes_per_block(config, 16, torch.bfloat16, fmt_of("int8", torch.bfloat16))
+    # head_dim 64: 1.88x; 128: 1.94x (the float32 scale is 4 bytes per head_dim codes).
+    assert bf16 / int8 == pytest.approx(2 / (1 + 4 / config.head_dim))
+    assert bf16 / int8 >= 1.88
