@@ -25,7 +25,8 @@ from kamado.bench.kv_cache import (
 )
 from tests.engine.conftest import hf_greedy
 
-pytestmark = pytest.mark.slow
+# Slow: transformers' reference, then 16 continuations and 512 teacher-forced picks per run.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # (greedy, top-1) floors. Measured: smollm2 int8 73.9 % / 98.6 %, fp8 63.9 % / 97.2 %;
 # qwen2.5-coder-0.5b int8 QWEN_INT8, fp8 QWEN_FP8.
