@@ -49,9 +49,7 @@ def run_engine_process(config: EngineConfig, conn: Connection) -> None:
                 engine.num_blocks,
                 config.block_size,
                 str(engine.dtype).removeprefix("torch."),
-                engine.kv_format.name
-                if engine.kv_format.scaled
-                else str(engine.dtype).removeprefix("torch."),
+                engine.kv_format.label,
             ),
         )
     )

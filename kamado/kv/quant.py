@@ -39,10 +39,10 @@ class KVFormat:
     def scaled(self) -> bool:
         return self.qmax is not None
 
-    def bytes_per_element(self, head_dim: int) -> float:
-        """Bytes one K or V element takes in the cache, its share of the scale included."""
-        scale = 4 / head_dim if self.scaled else 0
-        return self.storage.itemsize + scale
+    @property
+    def label(self) -> str:
+        """What the cache holds, for people: int8, fp8, or the model dtype's name."""
+        return self.name if self.scaled else str(self.storage).removeprefix("torch.")
 
 
 def kv_format(name: str, model_dtype: torch.dtype, device: torch.device | str) -> KVFormat:
