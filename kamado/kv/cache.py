@@ -18,10 +18,10 @@ def bytes_per_block(
 ) -> int:
     """Bytes one block takes in every layer, scales included; `fmt` None: stored in dtype."""
     fmt = fmt or KVFormat("auto", dtype, None)
-    elems = config.num_kv_heads * config.head_dim * fmt.storage.itemsize
+    token_bytes = config.num_kv_heads * config.head_dim * fmt.storage.itemsize  # K or V, a layer
     if fmt.scaled:
-        elems += config.num_kv_heads * 4
-    return 2 * config.num_layers * block_size * elems
+        token_bytes += config.num_kv_heads * 4  # a float32 scale per kv head
+    return 2 * config.num_layers * block_size * token_bytes
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
