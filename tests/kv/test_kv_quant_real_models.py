@@ -7,8 +7,7 @@ after it the two continue from different text) and teacher-forced top-1 agreemen
 share of transformers' tokens that are kamado's pick given the same preceding tokens).
 Greedy agreement of small models is decided by a few near-ties early in a continuation:
 smollm2 in bf16 with an unquantized cache agrees on only 80 % of tokens with itself in
-float32 (top-1 98.2 %), so its int8 floor cannot be 90 %. Measured at commit time,
-smollm2 / qwen2.5-coder-0.5b: see FLOORS' comment.
+float32 (top-1 98.2 %), so its int8 floor cannot be 90 %. Measured: see FLOORS' comment.
 """
 
 import pytest
@@ -28,9 +27,11 @@ from tests.engine.conftest import hf_greedy
 # Slow: transformers' reference, then 16 continuations and 512 teacher-forced picks per run.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-# (greedy, top-1) floors. Measured: smollm2 int8 73.9 % / 98.6 %, fp8 63.9 % / 97.2 %;
-# qwen2.5-coder-0.5b int8 QWEN_INT8, fp8 QWEN_FP8.
-FLOORS = {"int8": (0.60, 0.97), "fp8": (0.50, 0.95)}
+# (greedy, top-1) floors. Measured against transformers: smollm2 int8 73.9 % / 98.6 %, fp8
+# 63.9 % / 97.2 %. qwen2.5-coder-0.5b, against kamado bf16 with an unquantized cache (its
+# run against transformers did not finish on the loaded CI machine): int8 78.9 % / 97.7 %,
+# fp8 62.0 % / 97.7 %.
+FLOORS = {"int8": (0.60, 0.96), "fp8": (0.50, 0.95)}
 
 
 @pytest.fixture(scope="module", params=["smollm2", "qwen05"])
