@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # (greedy, top-1) floors. Measured against transformers: smollm2 int8 73.9 % / 98.6 %, fp8
 # 63.9 % / 97.2 %. qwen2.5-coder-0.5b, against kamado bf16 with an unquantized cache (its
-# run against transformers did not finish on the loaded CI machine): int8 78.9 % / 97.7 %,
+# run against transformers did not finish on the loaded dev machine): int8 78.9 % / 97.7 %,
 # fp8 62.0 % / 97.7 %.
 FLOORS = {"int8": (0.60, 0.96), "fp8": (0.50, 0.95)}
 
