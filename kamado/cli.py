@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kamado.config import DEFAULT_MODEL
+from kamado.config import DEFAULT_MODEL, KV_CACHE_DTYPES
 from kamado.structured.tool_formats import TOOL_FORMATS
 
 
@@ -30,6 +30,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache budget in GiB")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPES,
+        help="KV cache storage: the model's dtype, or 8-bit codes with scales (~2x the tokens)",
+    )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -96,6 +102,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-tokens", type=int, default=1024, help="--agents: new tokens a turn")
     p.add_argument("--turns", type=int, default=4, help="--agents: follow-up turns per agent")
     p.add_argument("--device", default="cpu", help="--agents: cpu or cuda")
+    p.add_argument("--kv-cache", action="store_true", help="int8/fp8 KV cache vs the model's dtype")
+    p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV budget (--kv-cache)")
+    p.add_argument("--batch", type=int, default=4, help="decoding sequences (--kv-cache)")
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")  # see kamado/kv/quant.py
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     device: str = "cpu"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # KV cache storage: auto (the model's dtype) | fp8 (e4m3) | int8; 8-bit formats keep a
+    # float32 scale per token and kv head (kamado/kv/quant.py) and hold about twice the tokens.
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     # KV cache memory budget in bytes; None sizes it from device memory.
     kv_cache_bytes: int | None = None

@@ -119,19 +119,14 @@ class TorchAttention:
         cache: KVCache,
         metadata: TorchAttentionMetadata,
     ) -> torch.Tensor:
-        k_cache, v_cache = cache.k[layer], cache.v[layer]
-        k_cache.index_copy_(0, metadata.slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, metadata.slot_mapping, v.to(v_cache.dtype))
+        cache.store(layer, metadata.slot_mapping, k, v)
         out = torch.empty_like(q)
         if (d := metadata.decodes) is not None:
-            out[d.rows] = matmul_attention(
-                q[d.rows, None], k_cache[d.slots], v_cache[d.slots], d.valid[:, None, :]
-            )[:, 0]
+            keys, values = cache.read(layer, d.slots)
+            out[d.rows] = matmul_attention(q[d.rows, None], keys, values, d.valid[:, None, :])[:, 0]
         for row, q_len, ctx, where, mask, causal in metadata.singles:
-            if isinstance(where, int):
-                keys, values = k_cache[where : where + ctx], v_cache[where : where + ctx]
-            else:
-                keys, values = k_cache[where], v_cache[where]
+            span = slice(where, where + ctx) if isinstance(where, int) else where
+            keys, values = cache.read(layer, span)
             q_seq = q[row : row + q_len]
             if q_len <= MATMUL_ATTENTION_MAX_QUERIES:
                 if causal:  # a short prompt attended as a whole: spell out its causal mask

@@ -120,18 +120,19 @@ class TritonAttention:
         metadata: TritonMetadata,
     ) -> torch.Tensor:
         k_cache, v_cache = cache.k[layer], cache.v[layer]
-        store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+        scales = (cache.k_scale[layer], cache.v_scale[layer]) if cache.format.scaled else None
+        store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, scales, cache.format.qmax)
         if metadata.query_start is None:
             splits = metadata.num_splits or decode_splits(q.shape[0], k_cache.shape[1])
             return decode_attention(
                 q, k_cache, v_cache, metadata.block_tables, metadata.context_lens,
-                cache.block_size, splits, self.window,
+                cache.block_size, splits, self.window, scales=scales,
             )  # fmt: skip
         assert metadata.query_lens is not None
         return extend_attention(
             q, k_cache, v_cache, metadata.block_tables, metadata.query_start,
             metadata.query_lens, metadata.context_lens, metadata.max_query_len,
-            cache.block_size, self.window,
+            cache.block_size, self.window, scales=scales,
         )  # fmt: skip
 
 

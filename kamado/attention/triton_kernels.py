@@ -4,6 +4,10 @@ The cache is one [num_slots, kv_heads, head_dim] tensor per layer and per K/V; a
 token at position p lives in slot block_table[p // block_size] * block_size + p % block_size.
 Softmax runs in float32 with exp2 (the scale folded with log2(e)); all kernels take a
 sliding window (0 = none): a query at position p sees keys (p - window, p].
+
+A quantized cache (kv/quant.py: int8 or fp8 codes, a float32 scale per slot and kv head in
+[num_slots, kv_heads] tensors) is read as codes, never dequantized in memory: the dot
+products run on the codes, K's scales multiply the scores and V's scales the probabilities.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 LOG2E = 1.4426950408889634
+MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # as kv/quant.py: smallest normal float32
 
 
 @triton.jit
@@ -33,15 +39,70 @@ def _store_kv_kernel(
     tl.store(v_cache + slot * stride_slot + offs, v, mask=mask)
 
 
+@triton.jit
+def _quantize_store(src, dst, scale_dst, offs, h, hmask, QMAX: tl.constexpr, INT8: tl.constexpr):
+    """One token's [heads, head_dim] as codes plus a scale per head; rounding as in
+    kv/quant.py (IEEE division, to nearest even), so both backends write the same bytes."""
+    x = tl.load(src + offs, mask=hmask[:, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), 1)
+    scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, QMAX, tl.float32)), MIN_SCALE)
+    y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+    y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
+    codes = libdevice.rint(y).to(tl.int8) if INT8 else y.to(dst.dtype.element_ty)
+    tl.store(dst + offs, codes, mask=hmask[:, None])
+    tl.store(scale_dst + h, scale, mask=hmask)
+
+
+@triton.jit
+def _store_kv_quant_kernel(
+    k_ptr, v_ptr, k_cache, v_cache, k_scale, v_scale, slot_mapping,
+    stride_k, stride_v, stride_slot, stride_sslot,
+    KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    QMAX: tl.constexpr, INT8: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    slot = tl.load(slot_mapping + t).to(tl.int64)
+    if slot < 0:  # a padding row of a captured batch
+        return
+    h = tl.arange(0, HEADS_PAD)
+    hmask = h < KV_HEADS
+    offs = h[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    _quantize_store(
+        k_ptr + t * stride_k, k_cache + slot * stride_slot, k_scale + slot * stride_sslot,
+        offs, h, hmask, QMAX, INT8,
+    )  # fmt: skip
+    _quantize_store(
+        v_ptr + t * stride_v, v_cache + slot * stride_slot, v_scale + slot * stride_sslot,
+        offs, h, hmask, QMAX, INT8,
+    )  # fmt: skip
+
+
+def _dense_rows(x: torch.Tensor) -> torch.Tensor:
+    """[T, kv_heads, head_dim] with each token's values side by side (a view of qkv is)."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
 def store_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    qmax: float | None = None,
 ) -> None:  # fmt: skip
-    """k, v: [T, kv_heads, head_dim] into the cache at slot_mapping[T] (negative: skipped)."""
+    """k, v: [T, kv_heads, head_dim] into the cache at slot_mapping[T] (negative: skipped);
+    with `scales` (K's and V's [num_slots, kv_heads] float32), quantized to codes <= qmax."""
+    k, v = _dense_rows(k), _dense_rows(v)
+    if scales is not None:
+        assert qmax is not None
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        _store_kv_quant_kernel[(k.shape[0],)](
+            k, v, k_cache, v_cache, scales[0], scales[1], slot_mapping,
+            k.stride(0), v.stride(0), k_cache.stride(0), scales[0].stride(0),
+            KV_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+            HEAD_DIM=head_dim, QMAX=qmax, INT8=k_cache.dtype == torch.int8,
+        )  # fmt: skip
+        return
     k, v = k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)
     row = k.shape[1]
-    if k.stride(1) != 1 or v.stride(1) != 1:
-        k, v = k.contiguous(), v.contiguous()
     _store_kv_kernel[(k.shape[0],)](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), v.stride(0), k_cache.stride(0),
@@ -51,12 +112,13 @@ def store_kv(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache, v_cache, block_tables, context_lens, mid_out, mid_lse,
-    stride_qt, stride_qh, stride_slot, stride_kvh, stride_bt,
+    q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
+    stride_qt, stride_qh, stride_slot, stride_kvh, stride_sslot, stride_bt,
     stride_mb, stride_mh, stride_ms,
     qk_scale, window,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SCALED: tl.constexpr,
 ):  # fmt: skip
     """One (sequence, kv head, split): the group's queries against a slice of the context."""
     b = tl.program_id(0)
@@ -86,14 +148,18 @@ def _decode_split_kernel(
         blk = tl.load(block_tables + b * stride_bt + pos // BLOCK_SIZE, mask=pmask, other=0)
         slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
         kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
-        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0)
-        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0)
+        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale
+        if SCALED:
+            s *= tl.load(k_scale + slot * stride_sslot + kvh, mask=pmask, other=0.0)[None, :]
         s = tl.where(pmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if SCALED:
+            p *= tl.load(v_scale + slot * stride_sslot + kvh, mask=pmask, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out_off = b * stride_mb + heads * stride_mh + split * stride_ms
@@ -137,6 +203,7 @@ def decode_attention(
     num_splits: int,  # a power of two; fixed per captured batch size
     window: int = 0,
     block_n: int = 64,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # of a quantized cache
 ) -> torch.Tensor:
     """Split-K paged decode: each split attends to a slice, then a reduce merges them."""
     batch, num_heads, head_dim = q.shape
@@ -151,14 +218,15 @@ def decode_attention(
             batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
         )
         mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    k_scale, v_scale = scales or (k_cache, v_cache)  # unread when unscaled
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, mid_out, mid_lse,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_scale.stride(0),
+        block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         head_dim**-0.5 * LOG2E, window,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        num_warps=4, num_stages=2,
+        SCALED=scales is not None, num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:
         _decode_reduce_kernel[(batch, num_heads)](
@@ -171,10 +239,10 @@ def decode_attention(
 
 @triton.jit
 def _extend_tile(
-    acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, bt_row, kvh, stride_slot, stride_kvh,
-    qk_scale, window,
+    acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, k_scale, v_scale, bt_row, kvh,
+    stride_slot, stride_kvh, stride_sslot, qk_scale, window,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
+    MASKED: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over keys [n0, n0 + BLOCK_N); MASKED applies causality and window."""
     d = tl.arange(0, HEAD_DIM)
@@ -186,13 +254,22 @@ def _extend_tile(
         blk = tl.load(bt_row + pos // BLOCK_SIZE)
     slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
     kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
+    s_off = slot * stride_sslot + kvh
     if MASKED:
-        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0)
-        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0)
+        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
+        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
+        if SCALED:
+            k_scales = tl.load(k_scale + s_off, mask=pmask, other=0.0)
+            v_scales = tl.load(v_scale + s_off, mask=pmask, other=0.0)
     else:
-        k = tl.load(k_cache + kv_off)
-        v = tl.load(v_cache + kv_off)
+        k = tl.load(k_cache + kv_off).to(q.dtype)
+        v = tl.load(v_cache + kv_off).to(q.dtype)
+        if SCALED:
+            k_scales = tl.load(k_scale + s_off)
+            v_scales = tl.load(v_scale + s_off)
     s = tl.dot(q, tl.trans(k)) * qk_scale
+    if SCALED:
+        s *= k_scales[None, :]
     if MASKED:
         visible = pmask[None, :] & (pos[None, :] <= q_pos[:, None])
         if window > 0:
@@ -204,17 +281,20 @@ def _extend_tile(
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
+    if SCALED:
+        p *= v_scales[None, :]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
 
 @triton.jit
 def _extend_kernel(
-    q_ptr, k_cache, v_cache, out_ptr, block_tables, query_start, query_lens, context_lens,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_slot, stride_kvh, stride_bt,
-    qk_scale, window,
+    q_ptr, k_cache, v_cache, k_scale, v_scale, out_ptr, block_tables, query_start, query_lens,
+    context_lens,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_slot, stride_kvh, stride_sslot,
+    stride_bt, qk_scale, window,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """One (query tile, sequence, head): queries at the end of their context, causal.
 
@@ -248,13 +328,15 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     for n0 in range(lo, full_end, BLOCK_N):
         acc, m_i, l_i = _extend_tile(
-            acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, bt_row, kvh, stride_slot,
-            stride_kvh, qk_scale, window, HEAD_DIM, BLOCK_SIZE, BLOCK_N, False,
+            acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, k_scale, v_scale, bt_row, kvh,
+            stride_slot, stride_kvh, stride_sslot, qk_scale, window, HEAD_DIM, BLOCK_SIZE,
+            BLOCK_N, False, SCALED,
         )  # fmt: skip
     for n0 in range(full_end, hi, BLOCK_N):
         acc, m_i, l_i = _extend_tile(
-            acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, bt_row, kvh, stride_slot,
-            stride_kvh, qk_scale, window, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
+            acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, k_scale, v_scale, bt_row, kvh,
+            stride_slot, stride_kvh, stride_sslot, qk_scale, window, HEAD_DIM, BLOCK_SIZE,
+            BLOCK_N, True, SCALED,
         )  # fmt: skip
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_ptr = out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :]
@@ -278,19 +360,21 @@ def extend_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # of a quantized cache
 ) -> torch.Tensor:
     """Causal attention of new queries over their paged context (prefill, chunked prefill)."""
     _, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     out = torch.empty_like(q)
     grid = (triton.cdiv(max_query_len, block_m), query_lens.shape[0], num_heads)
+    k_scale, v_scale = scales or (k_cache, v_cache)  # unread when unscaled
     _extend_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, query_start, query_lens, context_lens,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
+        q, k_cache, v_cache, k_scale, v_scale, out, block_tables, query_start, query_lens,
+        context_lens, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_scale.stride(0), block_tables.stride(0),
         head_dim**-0.5 * LOG2E, window,
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_M=block_m, BLOCK_N=block_n, SCALED=scales is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

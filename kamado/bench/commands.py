@@ -44,6 +44,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results = run_contention(model, args.dtype, args.prompt_len or 64, args.gen_len or 48)
         write_results(args.out, "contention", results)
         return 0
+    if args.kv_cache:
+        import torch
+
+        from kamado.bench.kv_cache import run_kv_cache_bench
+
+        model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        results = run_kv_cache_bench(
+            model, device, args.dtype, int(args.kv_cache_gb * (1 << 30)), args.batch,
+            args.prompt_len or 2048, args.gen_len or 32,
+        )  # fmt: skip
+        write_results(args.out, "kv-cache", results)
+        return 0
     if args.gpu:
         from kamado.bench.gpu import run_gpu_bench
 

@@ -54,7 +54,13 @@ def matmul_flops() -> float:
     return 2 * MATMUL_SIZE**3 / (ms / 1e3)
 
 
-def decode_bytes(model: torch.nn.Module, config: ModelConfig, batch: int, context: int) -> int:
+def decode_bytes(
+    model: torch.nn.Module,
+    config: ModelConfig,
+    batch: int,
+    context: int,
+    kv_bytes_per_token: int | None = None,  # None: bf16 K/V
+) -> int:
     """Bytes one decode step must read: every weight but the embedding table (a lookup
     reads only the batch's rows), plus each sequence's K/V."""
     weights = sum(
@@ -62,8 +68,9 @@ def decode_bytes(model: torch.nn.Module, config: ModelConfig, batch: int, contex
         for name, p in model.named_parameters()
         if name != "model.embed_tokens.weight" or config.tie_word_embeddings
     )
-    kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2
-    return weights + batch * context * kv_per_token
+    if kv_bytes_per_token is None:
+        kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2
+    return weights + batch * context * kv_bytes_per_token
 
 
 def prefill_flops(config: ModelConfig, prompt_len: int) -> float:

@@ -24,6 +24,7 @@ from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import Scheduler
 from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
+from kamado.kv.cache import bytes_per_block
 from kamado.kv.disk_tier import DiskTier
 from kamado.kv.prefix_cache import PrefixCache
 from kamado.structured.constraint import ConstraintError
@@ -75,10 +76,11 @@ class EngineCore:
         loaded = load_for_engine(config)
         self.model_config: ModelConfig = loaded.model_config
         self.dtype = loaded.dtype
+        self.kv_format = loaded.kv_format
         self.num_blocks = loaded.num_blocks
         self.max_model_len = loaded.max_model_len
         self.runner = ModelRunner(
-            config, self.model_config, loaded.weights, self.dtype, self.num_blocks
+            config, self.model_config, loaded.weights, self.dtype, self.num_blocks, self.kv_format
         )
         del loaded
         self.pool = BlockPool(self.num_blocks)
@@ -115,10 +117,9 @@ class EngineCore:
         c = self.config
         if not c.kv_disk_dir or c.kv_disk_bytes <= 0:
             return None
-        k = self.runner.cache.k[0]
-        shape = (2, self.model_config.num_layers, c.block_size, *k.shape[1:])
-        fingerprint = kv_fingerprint(c, self.model_config, self.dtype)
-        return DiskTier(c.kv_disk_dir, c.kv_disk_bytes, fingerprint, shape, self.dtype)
+        block_bytes = bytes_per_block(self.model_config, c.block_size, self.dtype, self.kv_format)
+        fingerprint = kv_fingerprint(c, self.model_config, self.dtype, self.kv_format)
+        return DiskTier(c.kv_disk_dir, c.kv_disk_bytes, fingerprint, block_bytes)
 
     # ---- requests -------------------------------------------------------------------
 

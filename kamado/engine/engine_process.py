@@ -30,6 +30,7 @@ class EngineInfo:
     num_blocks: int
     block_size: int
     dtype: str
+    kv_cache_dtype: str  # what the KV cache stores: int8, fp8 or the model's dtype
 
 
 def run_engine_process(config: EngineConfig, conn: Connection) -> None:
@@ -48,6 +49,7 @@ def run_engine_process(config: EngineConfig, conn: Connection) -> None:
                 engine.num_blocks,
                 config.block_size,
                 str(engine.dtype).removeprefix("torch."),
+                engine.kv_format.label,
             ),
         )
     )

@@ -11,6 +11,7 @@ import torch
 
 from kamado.config import EngineConfig, ModelConfig
 from kamado.kv.cache import bytes_per_block
+from kamado.kv.quant import KVFormat, kv_format
 from kamado.models import load_model_config, load_weights, resolve_model
 
 CPU_KV_FRACTION = 0.25  # of available RAM, on CPU, when no budget is given
@@ -22,6 +23,7 @@ class LoadedForEngine:
     model_config: ModelConfig
     weights: dict[str, torch.Tensor]
     dtype: torch.dtype
+    kv_format: KVFormat
     num_blocks: int
     max_model_len: int
 
@@ -39,7 +41,8 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     model_config = load_model_config(source)
     dtype = resolve_dtype(config.dtype, config.device)
     weights = load_weights(source, model_config, dtype, config.device)
-    per_block = bytes_per_block(model_config, config.block_size, dtype)
+    fmt = kv_format(config.kv_cache_dtype, dtype, config.device)
+    per_block = bytes_per_block(model_config, config.block_size, dtype, fmt)
     if config.kv_cache_bytes:
         budget = config.kv_cache_bytes
     elif config.device.startswith("cuda"):
@@ -53,7 +56,7 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     if config.max_model_len is not None:
         limit = min(limit, config.max_model_len)
     max_model_len = min(limit, num_blocks * config.block_size)
-    return LoadedForEngine(model_config, weights, dtype, num_blocks, max_model_len)
+    return LoadedForEngine(model_config, weights, dtype, fmt, num_blocks, max_model_len)
 
 
 def _default_kv_budget() -> int:
@@ -61,11 +64,14 @@ def _default_kv_budget() -> int:
     return min(CPU_KV_CAP, int(available * CPU_KV_FRACTION))
 
 
-def kv_fingerprint(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype) -> bytes:
-    """Names whose K/V a cached block holds: model weights, dtype and block layout. Blocks
-    saved under another fingerprint are never loaded."""
+def kv_fingerprint(
+    config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, fmt: KVFormat
+) -> bytes:
+    """Names whose K/V a cached block holds: model weights, dtype, KV cache dtype and block
+    layout. Blocks saved under another fingerprint are never loaded."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(repr((model_config, str(dtype), config.block_size, config.seed)).encode())
+    layout = (model_config, str(dtype), fmt.name, config.block_size, config.seed)
+    h.update(repr(layout).encode())
     source = resolve_model(config.model)
     if source.path is None:
         h.update(f"synthetic:{source.name}".encode())

@@ -15,6 +15,7 @@ from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import ScheduledSeq
 from kamado.engine.sequence import Sequence
 from kamado.kv.cache import KVCache
+from kamado.kv.quant import KVFormat
 from kamado.models.rope import RotaryEmbedding
 from kamado.models.transformer import StepContext, Transformer
 from kamado.structured.guide import Guides
@@ -31,6 +32,7 @@ class ModelRunner:
         weights: dict[str, torch.Tensor],
         dtype: torch.dtype,
         num_blocks: int,
+        kv_format: KVFormat | None = None,
     ) -> None:
         self.device = torch.device(engine_config.device)
         self.block_size = engine_config.block_size
@@ -38,7 +40,9 @@ class ModelRunner:
             self.model = Transformer(model_config)
         self.model.load_weights(weights)
         self.model.eval()
-        self.cache = KVCache(model_config, num_blocks, self.block_size, dtype, self.device)
+        self.cache = KVCache(
+            model_config, num_blocks, self.block_size, dtype, self.device, kv_format
+        )
         self.backend = make_backend(
             engine_config.attention_backend, self.device, model_config.sliding_window
         )

@@ -1,6 +1,8 @@
 """The paged KV cache: per layer, one K and one V tensor of [num_slots, kv_heads, head_dim].
 
 A slot is one token position; block b owns slots [b * block_size, (b + 1) * block_size).
+In a quantized format (kv/quant.py) those tensors hold 8-bit codes, and per layer one K and
+one V tensor of [num_slots, kv_heads] float32 hold their scales.
 """
 
 from __future__ import annotations
@@ -8,11 +10,23 @@ from __future__ import annotations
 import torch
 
 from kamado.config import ModelConfig
+from kamado.kv.quant import KVFormat, dequantize, quantize
 
 
-def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+def bytes_per_block(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None
+) -> int:
+    """Bytes one block takes in every layer, scales included; `fmt` None: stored in dtype."""
+    fmt = fmt or KVFormat("auto", dtype, None)
+    token_bytes = config.num_kv_heads * config.head_dim * fmt.storage.itemsize  # K or V, a layer
+    if fmt.scaled:
+        token_bytes += config.num_kv_heads * 4  # a float32 scale per kv head
+    return 2 * config.num_layers * block_size * token_bytes
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    # 1-byte codes are moved as uint8: CPU torch has no index_copy_ for float8.
+    return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
 class KVCache:
@@ -23,29 +37,73 @@ class KVCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        fmt: KVFormat | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.dtype = dtype  # what reads of a quantized cache dequantize to
+        self.format = fmt or KVFormat("auto", dtype, None)
         shape = (num_blocks * block_size, config.num_kv_heads, config.head_dim)
+        storage = self.format.storage
         # Uninitialised: attention reads only slots that were written.
-        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.k = [
+            torch.empty(shape, dtype=storage, device=device) for _ in range(config.num_layers)
+        ]
+        self.v = [
+            torch.empty(shape, dtype=storage, device=device) for _ in range(config.num_layers)
+        ]
+        scales = config.num_layers if self.format.scaled else 0
+        self.k_scale = [torch.empty(shape[:2], device=device) for _ in range(scales)]
+        self.v_scale = [torch.empty(shape[:2], device=device) for _ in range(scales)]
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by slot: codes (or values), then scales."""
+        return [*self.k, *self.v, *self.k_scale, *self.v_scale]
+
+    def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write new K/V [T, kv_heads, head_dim] at `slots` [T], quantizing if the format does."""
+        for cache, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            if self.format.scaled:
+                codes, scale = quantize(x, self.format)
+                _bytes(cache[layer]).index_copy_(0, slots, _bytes(codes))
+                scales[layer].index_copy_(0, slots, scale)
+            else:
+                cache[layer].index_copy_(0, slots, x.to(cache[layer].dtype))
+
+    def read(self, layer: int, where: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at the slots `where` selects: views of the cache when unquantized,
+        dequantized copies in self.dtype when quantized."""
+        if not self.format.scaled:
+            return self.k[layer][where], self.v[layer][where]
+        return (
+            dequantize(self.k[layer][where], self.k_scale[layer][where], self.dtype),
+            dequantize(self.v[layer][where], self.v_scale[layer][where], self.dtype),
+        )
 
     def copy_block(self, src: int, dst: int) -> None:
-        """Copy one block's K/V in every layer (copy-on-write when sequences fork)."""
+        """Copy one block's K/V (and scales) in every layer (copy-on-write when sequences fork)."""
         bs = self.block_size
-        for cache in (*self.k, *self.v):
-            cache[dst * bs : (dst + 1) * bs] = cache[src * bs : (src + 1) * bs]
+        for t in self._tensors():
+            _bytes(t)[dst * bs : (dst + 1) * bs] = _bytes(t)[src * bs : (src + 1) * bs]
 
     def read_block(self, block: int) -> torch.Tensor:
-        """The block's K/V in every layer, as one [2, layers, block_size, kv_heads, dim] copy."""
+        """The block's bytes in every layer, codes and scales, as one flat uint8 copy."""
         bs = self.block_size
-        k = torch.stack([cache[block * bs : (block + 1) * bs] for cache in self.k])
-        v = torch.stack([cache[block * bs : (block + 1) * bs] for cache in self.v])
-        return torch.stack([k, v])
+        parts = [
+            t[block * bs : (block + 1) * bs].reshape(-1).view(torch.uint8) for t in self._tensors()
+        ]
+        return torch.cat(parts)
 
     def write_block(self, block: int, data: torch.Tensor) -> None:
+        """Fill a block from what read_block returned."""
         bs = self.block_size
-        for layer, (k, v) in enumerate(zip(self.k, self.v, strict=True)):
-            k[block * bs : (block + 1) * bs] = data[0, layer]
-            v[block * bs : (block + 1) * bs] = data[1, layer]
+        blocks = [t[block * bs : (block + 1) * bs] for t in self._tensors()]
+        sizes = [dst.numel() * dst.element_size() for dst in blocks]
+        if data.numel() != sum(sizes):
+            raise ValueError(f"block data holds {data.numel()} bytes, the cache {sum(sizes)}")
+        offset = 0
+        for dst, n in zip(blocks, sizes, strict=True):
+            # A copy first: a uint8 slice may not be aligned for a view as float32.
+            src = data[offset : offset + n].clone().view(dst.dtype).view(dst.shape)
+            _bytes(dst).copy_(_bytes(src))
+            offset += n

@@ -1,10 +1,11 @@
 """The disk tier: cached KV blocks, one file each, in a size-capped directory that outlives
 the process, so an evicted block (or any block, after a restart) is read back, not recomputed.
 
-A file starts with a header naming what wrote it: the model fingerprint (model, dtype,
-block layout), the block's content key, and a checksum of the payload. A file from another
-model, dtype or layout is never loaded; a corrupted one is deleted when found. When the
-directory outgrows its cap, the least recently used files go first.
+A file starts with a header naming what wrote it: the model fingerprint (model, dtype, KV
+cache dtype, block layout), the block's content key, and a checksum of the payload. A file
+from another model, dtype, KV cache dtype or layout is never loaded; a corrupted one is
+deleted when found. When the directory outgrows its cap, the least recently used files go
+first.
 
 On CPU and unified memory the device memory is host memory, so blocks come here directly
 (there is no host-RAM copy to keep); a host-RAM tier for CUDA would sit in front of this
@@ -43,15 +44,13 @@ class DiskTier:
         directory: str | Path,
         capacity_bytes: int,
         fingerprint: bytes,
-        block_shape: tuple[int, ...],
-        dtype: torch.dtype,
+        block_bytes: int,
     ) -> None:
         self.directory = Path(directory).expanduser()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.capacity_bytes = capacity_bytes
         self.fingerprint = fingerprint
-        self.block_shape = block_shape
-        self.dtype = dtype
+        self.block_bytes = block_bytes  # what KVCache.read_block returns
         self._prefix = fingerprint.hex()[:16] + "-"
         # Every .kvb file in the directory (ours or another model's), least recently used first.
         self._files: OrderedDict[Path, int] = OrderedDict()
@@ -103,7 +102,7 @@ class DiskTier:
         return self._prefix + key.hex() + SUFFIX
 
     def store(self, key: bytes, data: torch.Tensor) -> int:
-        """Write a block's K/V unless it is here already; returns the bytes written."""
+        """Write a block's bytes unless they are here already; returns the bytes written."""
         if key in self._ours:
             self._files.move_to_end(self._ours[key])
             return 0
@@ -130,7 +129,7 @@ class DiskTier:
         return len(payload)
 
     def load(self, key: bytes) -> torch.Tensor | None:
-        """The block's K/V, or None when the file is gone or fails any check."""
+        """The block's bytes (flat uint8), or None when the file is gone or fails any check."""
         path = self._ours.get(key)
         if path is None:
             return None
@@ -139,7 +138,6 @@ class DiskTier:
         except OSError:
             raw = b""
         payload = raw[HEADER.size :]
-        expected = torch.Size(self.block_shape).numel() * self.dtype.itemsize
         if len(raw) < HEADER.size:
             self._discard(path)
             return None
@@ -147,7 +145,7 @@ class DiskTier:
         if (
             (magic, version, fingerprint, stored_key) != (MAGIC, VERSION, self.fingerprint, key)
             or size != len(payload)
-            or size != expected
+            or size != self.block_bytes
             or checksum != _checksum(payload)
         ):
             self._discard(path)
@@ -155,7 +153,7 @@ class DiskTier:
         self._files.move_to_end(path)
         with contextlib.suppress(OSError):
             os.utime(path)  # recency survives a restart
-        return torch.frombuffer(bytearray(payload), dtype=self.dtype).view(self.block_shape)
+        return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
 
     def _discard(self, path: Path) -> None:
         log.warning("disk KV tier: ignoring and removing corrupted file %s", path.name)

@@ -53,6 +53,7 @@ def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
         model=model_path,
         device=os.environ.get("KAMADO_DEVICE") or _default_device(),
         dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         kv_cache_bytes=int(args.kv_cache_gb * GIB) if args.kv_cache_gb else None,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
@@ -142,8 +143,8 @@ async def _serve(
             shown = f"[{host}]" if ":" in host else host
             print(
                 f"kamado: serving {names[0]} ({source.path}) at http://{shown}:{port}/v1 "
-                f"(context {engine.max_model_len} tokens, {engine.info.num_blocks} KV blocks, "
-                f"{engine.info.dtype})",
+                f"(context {engine.max_model_len} tokens, {engine.info.num_blocks} KV blocks "
+                f"in {engine.info.kv_cache_dtype}, {engine.info.dtype})",
                 flush=True,
             )
             watch = asyncio.create_task(supervisor.run(), name="engine-supervisor")

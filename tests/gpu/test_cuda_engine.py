@@ -22,13 +22,14 @@ BF16_TIE = 0.1
 
 
 def generate(
-    backend: str, graphs: bool, logprobs: int | None = None, fused: bool = True
+    backend: str, graphs: bool, logprobs: int | None = None, fused: bool = True, kv: str = "auto"
 ) -> dict[str, list]:
     engine = EngineCore(
         EngineConfig(
             model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
             kv_cache_bytes=1 << 30, max_num_seqs=8, max_num_batched_tokens=1024,
             attention_backend=backend, cuda_graphs=graphs, fused_kernels=fused,
+            kv_cache_dtype=kv,
         )
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True, logprobs=logprobs)
@@ -73,3 +74,10 @@ def test_greedy_tokens_match_the_plain_torch_model_up_to_bf16_ties():
     reference = generate("torch", graphs=False, logprobs=2, fused=False)
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=True))
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=False, fused=False))
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_quantized_kv_through_triton_and_graphs_follows_the_torch_backend(kv):
+    # Both read the same codes: the Triton store must write what the torch one writes.
+    reference = generate("torch", graphs=False, logprobs=2, fused=False, kv=kv)
+    assert_same_up_to_bf16_ties(reference, generate("triton", graphs=True, kv=kv))

@@ -9,6 +9,7 @@ import torch
 from kamado.kv.block_hash import extend_keys
 from kamado.kv.cache import bytes_per_block
 from kamado.kv.disk_tier import HEADER, DiskTier
+from kamado.kv.quant import kv_format
 from kamado.models import load_model_config, resolve_model
 from tests.engine.conftest import greedy, hf_greedy, make_engine, run
 
@@ -20,7 +21,8 @@ NUM_BLOCKS = 24
 
 def small_engine(path: Path, disk: Path, **options):
     config = load_model_config(resolve_model(str(path)))
-    per_block = bytes_per_block(config, BS, torch.float32)
+    kv = kv_format(options.get("kv_cache_dtype", "auto"), torch.float32, "cpu")
+    per_block = bytes_per_block(config, BS, torch.float32, kv)
     return make_engine(
         path, block_size=BS, kv_cache_bytes=NUM_BLOCKS * per_block, kv_disk_dir=str(disk), **options
     )
@@ -76,13 +78,19 @@ def test_corrupted_files_are_ignored_and_removed(tiny_models, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "other",
-    [{"dtype": "bfloat16"}, {"model": "qwen3"}],
-    ids=["other-dtype", "other-model"],
+    ("ours", "other"),
+    [
+        ({}, {"dtype": "bfloat16"}),
+        ({}, {"model": "qwen3"}),
+        ({}, {"kv_cache_dtype": "int8"}),
+        # Same bytes per block, other codes: only the fingerprint tells them apart.
+        ({"kv_cache_dtype": "int8"}, {"kv_cache_dtype": "fp8"}),
+    ],
+    ids=["other-dtype", "other-model", "auto-then-int8", "int8-then-fp8"],
 )
-def test_files_of_another_model_or_dtype_are_never_loaded(tiny_models, tmp_path, other):
+def test_files_of_another_model_or_dtype_are_never_loaded(tiny_models, tmp_path, ours, other):
     path, _ = tiny_models["llama"]
-    evict_prompt(small_engine(path, tmp_path))
+    evict_prompt(small_engine(path, tmp_path, **ours))
     written = {p.name for p in tmp_path.glob("*.kvb")}
     other_path = tiny_models[other.pop("model")][0] if "model" in other else path
     engine = small_engine(other_path, tmp_path, **other)
@@ -93,20 +101,20 @@ def test_files_of_another_model_or_dtype_are_never_loaded(tiny_models, tmp_path,
 
 
 def test_a_file_renamed_to_our_key_is_refused_by_its_header(tmp_path):
-    shape, dtype = (2, 1, 4, 1, 2), torch.float32
-    ours = DiskTier(tmp_path, 1 << 20, b"A" * 16, shape, dtype)
-    theirs = DiskTier(tmp_path / "x", 1 << 20, b"B" * 16, shape, dtype)
-    theirs.store(b"k" * 16, torch.ones(shape))
+    ours = DiskTier(tmp_path, 1 << 20, b"A" * 16, 64)
+    theirs = DiskTier(tmp_path / "x", 1 << 20, b"B" * 16, 64)
+    theirs.store(b"k" * 16, torch.ones(16))
     forged = tmp_path / ours._name(b"k" * 16)
     (tmp_path / "x" / theirs._name(b"k" * 16)).rename(forged)
-    reopened = DiskTier(tmp_path, 1 << 20, b"A" * 16, shape, dtype)
+    reopened = DiskTier(tmp_path, 1 << 20, b"A" * 16, 64)
     assert b"k" * 16 not in reopened and reopened.load(b"k" * 16) is None
 
 
 def test_the_directory_stays_under_its_cap_dropping_the_least_recent(tmp_path):
     shape = (2, 2, 4, 2, 8)
-    one = torch.zeros(shape).numel() * 4 + HEADER.size
-    tier = DiskTier(tmp_path, 3 * one, b"F" * 16, shape, torch.float32)
+    block_bytes = torch.zeros(shape).numel() * 4
+    one = block_bytes + HEADER.size
+    tier = DiskTier(tmp_path, 3 * one, b"F" * 16, block_bytes)
     keys = [bytes([i]) * 16 for i in range(5)]
     for i, key in enumerate(keys[:3]):
         tier.store(key, torch.full(shape, float(i)))
@@ -114,4 +122,20 @@ def test_the_directory_stays_under_its_cap_dropping_the_least_recent(tmp_path):
     tier.store(keys[3], torch.zeros(shape))
     assert keys[1] not in tier and keys[0] in tier
     assert tier.num_bytes <= 3 * one and tier.num_removed == 1
-    assert torch.equal(tier.load(keys[2]), torch.full(shape, 2.0))
+    assert torch.equal(tier.load(keys[2]).view(torch.float32).view(shape), torch.full(shape, 2.0))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_blocks_come_back_from_disk_after_a_restart(
+    tiny_models, tmp_path, kv_cache_dtype
+):
+    path, _ = tiny_models["qwen2"]
+    cold = run(
+        small_engine(path, tmp_path / "cold", kv_cache_dtype=kv_cache_dtype),
+        {"p": (PROMPT, greedy(10))},
+    )
+    evict_prompt(small_engine(path, tmp_path, kv_cache_dtype=kv_cache_dtype))
+    restarted = small_engine(path, tmp_path, kv_cache_dtype=kv_cache_dtype)
+    out = run(restarted, {"again": (PROMPT, greedy(10))})["again"][0]
+    assert restarted.prefix.stats.disk_hit_tokens == len(PROMPT) - BS
+    assert out == cold["p"][0]  # codes and scales restored byte for byte
