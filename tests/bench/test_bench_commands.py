@@ -58,6 +58,7 @@ def test_agents_bench_replays_turns_with_the_prefix_cache_on_then_off(tmp_path):
     assert on["turns"] == off["turns"] == 3 * 3  # a cold turn and 2 follow-ups per agent
     # A follow-up recomputes only its new tokens, the previous reply, and a partial block.
     assert on["prefix_hit_rate_follow_ups"] > 0.6 and off["prefix_hit_rate"] == 0
+
     def prompts(run: dict) -> list[tuple[int, int, int]]:
         return sorted((t["agent"], t["turn"], t["prompt_tokens"]) for t in run["per_turn"])
 
