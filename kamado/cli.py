@@ -1,4 +1,5 @@
-"""`kamado serve | pull | models | bench | replay | chat`: one entry point, a module each."""
+"""`kamado serve | pull | models | bench | replay | chat | surgery`: one entry point, a module
+each."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--no-bare-json-tool-calls",
         action="store_true",
         help="do not turn a reply that is only a JSON tool call into tool_calls",
+    )
+    p.add_argument(
+        "--surgery",
+        default="",
+        help="load-time surgery, comma-separated: fuse int8 int4 fp8 gguf kv-fp8 kv-int8",
     )
     p.add_argument(
         "--tool-call-format",
@@ -94,6 +100,22 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     both.add_argument("--out", default=None, help="write raw results JSON here")
 
 
+def _add_surgery(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("surgery", help="check what load-time surgery costs in fidelity")
+    ssub = p.add_subparsers(dest="surgery_command", required=True)
+    check = ssub.add_parser("check", help="surgery variants beside the unmodified model")
+    check.add_argument("model", help="named model, .gguf file, HF dir or synthetic:<shape>")
+    check.add_argument(
+        "--surgery", action="append", help="one variant, e.g. int8 or gguf,fuse (repeatable)"
+    )
+    check.add_argument("--device", default="cpu")
+    check.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
+    check.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
+    check.add_argument("--out", default=None, help="write raw results JSON here")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kamado", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_replay(sub)
     _add_chat(sub)
+    _add_surgery(sub)
     return parser
 
 
@@ -120,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         from kamado.bench.commands import cmd_bench as run
     elif args.command == "replay":
         from kamado.bench.commands import cmd_replay as run
+    elif args.command == "surgery":
+        from kamado.surgery.commands import cmd_surgery as run
     else:
         from kamado.server.chat_client import cmd_chat as run
     return run(args) or 0

@@ -78,6 +78,11 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Fused QKV and gate/up weights, fused norm/rope/SiLU kernels (CUDA only).
     fused_kernels: bool = True
+    # Load-time surgery steps by name (kamado.surgery): fuse, int8, int4, fp8, gguf,
+    # kv-fp8, kv-int8. On CUDA with fused_kernels, fuse is always applied.
+    surgery: tuple[str, ...] = ()
+    # Storage dtype of the KV cache: auto (the model's dtype), fp8, int8.
+    kv_cache_dtype: str = "auto"
     # Keep full KV blocks of finished turns and reuse them for requests with the same prefix.
     enable_prefix_caching: bool = True
     # Disk tier for cached blocks evicted from the device (None: off), and its size cap.

@@ -24,6 +24,7 @@ from kamado.kv.disk_tier import DiskTier
 from kamado.kv.prefix_cache import PrefixCache
 from kamado.structured.constraint import ConstraintError
 from kamado.structured.guide import Guides
+from kamado.surgery.kv import with_kv_surgery
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,15 @@ class EngineStats:
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
+        self.config = config = with_kv_surgery(config)
         loaded = load_for_engine(config)
         self.model_config: ModelConfig = loaded.model_config
         self.dtype = loaded.dtype
         self.num_blocks = loaded.num_blocks
         self.max_model_len = loaded.max_model_len
+        self.surgery = loaded.surgery
         self.runner = ModelRunner(
-            config, self.model_config, loaded.weights, self.dtype, self.num_blocks
+            config, self.model_config, loaded.model, self.dtype, self.num_blocks
         )
         del loaded
         self.pool = BlockPool(self.num_blocks)

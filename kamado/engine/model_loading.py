@@ -11,7 +11,12 @@ import torch
 
 from kamado.config import EngineConfig, ModelConfig
 from kamado.kv.cache import bytes_per_block
-from kamado.models import load_model_config, load_weights, resolve_model
+from kamado.models import load_model_config, resolve_model
+from kamado.models.loader import iter_weights
+from kamado.models.transformer import Transformer
+from kamado.surgery.build import build_model
+from kamado.surgery.pipeline import LoadTarget, StepReport
+from kamado.surgery.registry import make_steps, weight_step_names
 
 CPU_KV_FRACTION = 0.25  # of available RAM, on CPU, when no budget is given
 CPU_KV_CAP = 4 << 30
@@ -20,10 +25,11 @@ CPU_KV_CAP = 4 << 30
 @dataclass
 class LoadedForEngine:
     model_config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    model: Transformer  # loaded, with its surgery applied
     dtype: torch.dtype
     num_blocks: int
     max_model_len: int
+    surgery: list[StepReport]
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -38,7 +44,11 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     source = resolve_model(config.model)
     model_config = load_model_config(source)
     dtype = resolve_dtype(config.dtype, config.device)
-    weights = load_weights(source, model_config, dtype, config.device)
+    target = LoadTarget(source, model_config, dtype, config.device)
+    steps = make_steps(weight_step_names(config), target)
+    skip = frozenset().union(*(s.skip_loading for s in steps))
+    weights = iter_weights(source, model_config, dtype, config.device, skip)
+    model, reports = build_model(model_config, weights, steps, dtype)
     per_block = bytes_per_block(model_config, config.block_size, dtype)
     if config.kv_cache_bytes:
         budget = config.kv_cache_bytes
@@ -53,7 +63,7 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     if config.max_model_len is not None:
         limit = min(limit, config.max_model_len)
     max_model_len = min(limit, num_blocks * config.block_size)
-    return LoadedForEngine(model_config, weights, dtype, num_blocks, max_model_len)
+    return LoadedForEngine(model_config, model, dtype, num_blocks, max_model_len, reports)
 
 
 def _default_kv_budget() -> int:

@@ -1,0 +1,131 @@
+"""Matmuls over compressed weights on CUDA: a Triton GEMV for decode, dequantize-then-cuBLAS
+for everything wider.
+
+Decode of one token is a matrix-vector product per layer, bound by the bytes of the weight
+it reads; the kernel reads the int8 / packed int4 / fp8 bytes and their scales once, widens
+in registers and accumulates in float32. Up to GEMV_MAX_ROWS input rows each run the GEMV
+(the weight is read once per row: at two rows no more bytes than bf16). Wider inputs
+(prefill, large decode batches) are compute-bound: the weight is widened to the activation
+dtype once and cuBLAS does the product.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kamado.surgery.formats import unpack_int4
+
+GEMV_MAX_ROWS = 2
+
+_CONFIGS = [
+    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
+    for bn, bk, w in [(4, 512, 4), (8, 512, 4), (16, 256, 4), (8, 1024, 8)]
+]
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
+    K: tl.constexpr,
+    GROUP: tl.constexpr, PER_ROW: tl.constexpr, INT4: tl.constexpr, HAS_MIN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out[m, rows] = x[m] @ W[rows].T for one input row m and BLOCK_N weight rows."""
+    m = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    rows64 = rows.to(tl.int64)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask = row_mask[:, None] & (ks < K)[None, :]
+        x = tl.load(x_ptr + m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)
+        if INT4:  # two values per byte: even k in the low nibble
+            byte = tl.load(
+                w_ptr + rows64[:, None] * stride_wn + ks[None, :] // 2, mask=mask, other=0
+            )
+            w = ((byte >> ((ks[None, :] % 2) * 4)) & 15).to(tl.float32)
+        else:
+            w = tl.load(w_ptr + rows64[:, None] * stride_wn + ks[None, :], mask=mask, other=0)
+            w = w.to(tl.float32)
+        if not PER_ROW:
+            idx = rows64[:, None] * stride_sn + ks[None, :] // GROUP
+            w = w * tl.load(s_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+            if HAS_MIN:
+                w = w + tl.load(z_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    out = tl.sum(acc, axis=1)
+    if PER_ROW:
+        out = out * tl.load(s_ptr + rows64 * stride_sn, mask=row_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+# Tuned per weight shape on first use (the engine's warm-up, before graph capture).
+_gemv_tuned = triton.autotune(configs=_CONFIGS, key=["N", "K"])(_gemv_kernel)
+
+
+def _gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    in_features: int,
+    int4: bool,
+    block: tuple[int, int] | None = None,  # (BLOCK_N, BLOCK_K) instead of tuning
+) -> torch.Tensor:
+    x = x.contiguous()
+    n = w.shape[0]
+    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    group = in_features // scales.shape[1]
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return triton.cdiv(n, meta["BLOCK_N"]), x.shape[0]
+
+    fixed = {} if block is None else dict(BLOCK_N=block[0], BLOCK_K=block[1])
+    (_gemv_tuned if block is None else _gemv_kernel)[grid](
+        x, w, scales, mins if mins is not None else scales, bias if bias is not None else x, out,
+        n, x.stride(0), w.stride(0), scales.stride(0), out.stride(0), K=in_features,
+        GROUP=group, PER_ROW=scales.shape[1] == 1, INT4=int4, HAS_MIN=mins is not None,
+        HAS_BIAS=bias is not None, **fixed,
+    )  # fmt: skip
+    return out
+
+
+def int8_matmul(
+    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        return _gemv(x, q, scales, None, bias, q.shape[1], int4=False)
+    n, k = q.shape
+    w = (q.view(n, scales.shape[1], -1).to(x.dtype) * scales.to(x.dtype)[..., None]).view(n, k)
+    return F.linear(x, w, bias)
+
+
+def int4_matmul(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    k = packed.shape[1] * 2
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        return _gemv(x, packed, scales, mins, bias, k, int4=True)
+    n, groups = scales.shape
+    q = unpack_int4(packed).view(n, groups, -1).to(x.dtype)
+    w = q * scales.to(x.dtype)[..., None] + mins.to(x.dtype)[..., None]
+    return F.linear(x, w.view(n, k), bias)
+
+
+def fp8_matmul(
+    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    if x.shape[0] <= GEMV_MAX_ROWS:
+        return _gemv(x, q, scales, None, bias, q.shape[1], int4=False)
+    return F.linear(x, q.to(x.dtype) * scales.to(x.dtype), bias)
