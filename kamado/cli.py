@@ -70,6 +70,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--gpu", action="store_true", help="CUDA decode/prefill against measured ceilings"
     )
+    p.add_argument(
+        "--surgery",
+        action="append",
+        help="with --gpu: batch-1 decode per surgery variant beside bf16 (repeatable)",
+    )
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

@@ -26,6 +26,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results = run_structured(model, args.dtype, args.gen_len or 64, args.tokenizer)
         write_results(args.out, "structured", results)
         return 0
+    if args.gpu and args.surgery:
+        from kamado.bench.gpu_surgery import run_surgery_bench
+        from kamado.surgery.names import parse_surgery
+
+        model = (args.model or ["synthetic:qwen3-8b"])[0]
+        variants = [parse_surgery(s) for s in args.surgery]
+        results = run_surgery_bench(
+            model, variants, prompt_len=args.prompt_len or 512, gen_len=args.gen_len or 128
+        )
+        write_results(args.out, "gpu-surgery", results)
+        return 0
     if args.gpu:
         from kamado.bench.gpu import run_gpu_bench
 

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kamado.config import EngineConfig
 from kamado.surgery.fuse import FuseStep
-from kamado.surgery.gguf import GGUFStep
 from kamado.surgery.names import parse_surgery
 from kamado.surgery.pipeline import LoadTarget, SurgeryStep
 from kamado.surgery.quantize_steps import Fp8Step, Int4Step, Int8Step
 
-WEIGHT_STEPS: dict[str, type] = {
-    "gguf": GGUFStep,
+
+def _gguf_step(target: LoadTarget) -> SurgeryStep:
+    from kamado.surgery.gguf import GGUFStep  # needs the gguf package, which GPU hosts lack
+
+    return GGUFStep(target)
+
+
+WEIGHT_STEPS: dict[str, Callable[[LoadTarget], SurgeryStep]] = {
+    "gguf": _gguf_step,
     "fuse": FuseStep,
     "int8": Int8Step,
     "int4": Int4Step,

@@ -27,13 +27,11 @@ _CONFIGS = [
 
 
 @triton.jit
-def _gemv_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
-    K: tl.constexpr,
-    GROUP: tl.constexpr, PER_ROW: tl.constexpr, INT4: tl.constexpr, HAS_MIN: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _rowwise_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_om,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """out[m, rows] = x[m] @ W[rows].T for one input row m and BLOCK_N weight rows."""
+    """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row."""
     m = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
@@ -43,30 +41,59 @@ def _gemv_kernel(
         ks = k0 + tl.arange(0, BLOCK_K)
         mask = row_mask[:, None] & (ks < K)[None, :]
         x = tl.load(x_ptr + m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + rows64[:, None] * stride_wn + ks[None, :], mask=mask, other=0)
+        acc += w.to(tl.float32) * x[None, :]
+    out = tl.sum(acc, axis=1) * tl.load(s_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _grouped_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
+    K: tl.constexpr, GROUP: tl.constexpr, INT4: tl.constexpr, HAS_MIN: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out[m, rows] = sum over groups g of scale[g] * (q_g . x_g) + min[g] * sum(x_g).
+
+    The tile is [rows, groups, group] so each group's dot product is summed before its
+    scale is applied: one multiply-add per weight, scales read once per group."""
+    m = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    rows64 = rows.to(tl.int64)
+    GROUPS: tl.constexpr = BLOCK_K // GROUP
+    gs = tl.arange(0, GROUPS)
+    acc = tl.zeros([BLOCK_N, GROUPS], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + gs[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [groups, group]
+        x = tl.load(x_ptr + m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)
+        mask = row_mask[:, None, None] & (ks < K)[None, :, :]
         if INT4:  # two values per byte: even k in the low nibble
             byte = tl.load(
-                w_ptr + rows64[:, None] * stride_wn + ks[None, :] // 2, mask=mask, other=0
+                w_ptr + rows64[:, None, None] * stride_wn + ks[None] // 2, mask=mask, other=0
             )
-            w = ((byte >> ((ks[None, :] % 2) * 4)) & 15).to(tl.float32)
+            q = (byte >> ((ks[None] % 2) * 4)) & 15
         else:
-            w = tl.load(w_ptr + rows64[:, None] * stride_wn + ks[None, :], mask=mask, other=0)
-            w = w.to(tl.float32)
-        if not PER_ROW:
-            idx = rows64[:, None] * stride_sn + ks[None, :] // GROUP
-            w = w * tl.load(s_ptr + idx, mask=mask, other=0.0).to(tl.float32)
-            if HAS_MIN:
-                w = w + tl.load(z_ptr + idx, mask=mask, other=0.0).to(tl.float32)
-        acc += w * x[None, :]
+            q = tl.load(w_ptr + rows64[:, None, None] * stride_wn + ks[None], mask=mask, other=0)
+        dot = tl.sum(q.to(tl.float32) * x[None], axis=2)  # [rows, groups]
+        g = k0 // GROUP + gs
+        gmask = row_mask[:, None] & (g < K // GROUP)[None, :]
+        sidx = rows64[:, None] * stride_sn + g[None, :]
+        acc += dot * tl.load(s_ptr + sidx, mask=gmask, other=0.0).to(tl.float32)
+        if HAS_MIN:
+            zs = tl.load(z_ptr + sidx, mask=gmask, other=0.0).to(tl.float32)
+            acc += tl.sum(x, axis=1)[None, :] * zs
     out = tl.sum(acc, axis=1)
-    if PER_ROW:
-        out = out * tl.load(s_ptr + rows64 * stride_sn, mask=row_mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         out += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 # Tuned per weight shape on first use (the engine's warm-up, before graph capture).
-_gemv_tuned = triton.autotune(configs=_CONFIGS, key=["N", "K"])(_gemv_kernel)
+_rowwise_tuned = triton.autotune(configs=_CONFIGS, key=["N", "K"])(_rowwise_kernel)
+_grouped_tuned = triton.autotune(configs=_CONFIGS, key=["N", "K", "GROUP"])(_grouped_kernel)
 
 
 def _gemv(
@@ -82,17 +109,25 @@ def _gemv(
     x = x.contiguous()
     n = w.shape[0]
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-    group = in_features // scales.shape[1]
+    bias_arg = bias if bias is not None else x
+    fixed = {} if block is None else dict(BLOCK_N=block[0], BLOCK_K=block[1])
 
     def grid(meta: dict) -> tuple[int, int]:
         return triton.cdiv(n, meta["BLOCK_N"]), x.shape[0]
 
-    fixed = {} if block is None else dict(BLOCK_N=block[0], BLOCK_K=block[1])
-    (_gemv_tuned if block is None else _gemv_kernel)[grid](
-        x, w, scales, mins if mins is not None else scales, bias if bias is not None else x, out,
-        n, x.stride(0), w.stride(0), scales.stride(0), out.stride(0), K=in_features,
-        GROUP=group, PER_ROW=scales.shape[1] == 1, INT4=int4, HAS_MIN=mins is not None,
-        HAS_BIAS=bias is not None, **fixed,
+    if scales.shape[1] == 1:
+        kernel = _rowwise_tuned if block is None else _rowwise_kernel
+        kernel[grid](
+            x, w, scales, bias_arg, out, n, x.stride(0), w.stride(0), out.stride(0),
+            K=in_features, HAS_BIAS=bias is not None, **fixed,
+        )  # fmt: skip
+        return out
+    kernel = _grouped_tuned if block is None else _grouped_kernel
+    kernel[grid](
+        x, w, scales, mins if mins is not None else scales, bias_arg, out,
+        n, x.stride(0), w.stride(0), scales.stride(0), out.stride(0),
+        K=in_features, GROUP=in_features // scales.shape[1], INT4=int4,
+        HAS_MIN=mins is not None, HAS_BIAS=bias is not None, **fixed,
     )  # fmt: skip
     return out
 
