@@ -22,7 +22,7 @@ GEMV_MAX_ROWS = 2
 
 _CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
-    for bn, bk, w in [(4, 512, 4), (8, 512, 4), (16, 256, 4), (8, 1024, 8)]
+    for bn, bk, w in [(4, 512, 4), (8, 512, 4), (8, 1024, 8)]
 ]
 
 
