@@ -41,7 +41,7 @@ def _rowwise_kernel(
         ks = k0 + tl.arange(0, BLOCK_K)
         mask = row_mask[:, None] & (ks < K)[None, :]
         x = tl.load(x_ptr + m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + rows64[:, None] * stride_wn + ks[None, :], mask=mask, other=0)
+        w = tl.load(w_ptr + rows64[:, None] * stride_wn + ks[None, :], mask=mask, other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     out = tl.sum(acc, axis=1) * tl.load(s_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
