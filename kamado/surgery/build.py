@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
+@torch.no_grad()  # loaded parameters require grad: without this, steps would keep autograd graphs
 def build_model(
     config: ModelConfig,
     weights: Iterable[tuple[str, torch.Tensor]],

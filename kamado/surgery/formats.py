@@ -18,7 +18,7 @@ def _groups(w: torch.Tensor, group: int) -> torch.Tensor:
     out, inp = w.shape
     if inp % group:
         raise ValueError(f"input size {inp} is not a multiple of the group size {group}")
-    return w.float().view(out, inp // group, group)
+    return w.detach().float().view(out, inp // group, group)
 
 
 def quantize_int8(w: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +60,7 @@ def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -
 def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q float8_e4m3fn [out, in], scales float32 [out]): each row's largest value maps to
     the format's largest."""
-    wf = w.float()
+    wf = w.detach().float()
     scales = wf.abs().amax(-1).clamp(min=1e-12) / FP8_MAX
     return (wf / scales[:, None]).to(torch.float8_e4m3fn), scales
 

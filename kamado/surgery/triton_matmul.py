@@ -22,7 +22,7 @@ GEMV_MAX_ROWS = 2
 
 _CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
-    for bn, bk, w in [(4, 512, 4), (8, 512, 4), (8, 1024, 8)]
+    for bn, bk, w in [(8, 512, 4), (16, 1024, 8), (32, 512, 8), (8, 2048, 8), (4, 1024, 4)]
 ]
 
 
@@ -31,22 +31,32 @@ def _rowwise_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_om,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row."""
+    """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row.
+
+    Rows past N are clamped to the last row (read, never stored) so weight loads need no
+    mask when BLOCK_K divides K; pointers advance by BLOCK_K instead of being recomputed."""
     m = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    rows64 = rows.to(tl.int64)
+    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows64[:, None] * stride_wn + ks[None, :]
+    x_ptrs = x_ptr + m * stride_xm + ks
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        mask = row_mask[:, None] & (ks < K)[None, :]
-        x = tl.load(x_ptr + m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + rows64[:, None] * stride_wn + ks[None, :], mask=mask, other=0.0)
+        if K % BLOCK_K == 0:
+            x = tl.load(x_ptrs).to(tl.float32)
+            w = tl.load(w_ptrs)
+        else:
+            kmask = k0 + ks < K
+            x = tl.load(x_ptrs, mask=kmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
         acc += w.to(tl.float32) * x[None, :]
-    out = tl.sum(acc, axis=1) * tl.load(s_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    out = tl.sum(acc, axis=1) * tl.load(s_ptr + rows64).to(tl.float32)
     if HAS_BIAS:
-        out += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+        out += tl.load(b_ptr + rows64).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
 @triton.jit
@@ -57,38 +67,49 @@ def _grouped_kernel(
 ):  # fmt: skip
     """out[m, rows] = sum over groups g of scale[g] * (q_g . x_g) + min[g] * sum(x_g).
 
-    The tile is [rows, groups, group] so each group's dot product is summed before its
-    scale is applied: one multiply-add per weight, scales read once per group."""
+    The tile is [rows, groups, values] so each group's dot product is summed before its
+    scale is applied: one multiply-add per weight, scales read once per group. Packed int4
+    bytes are read once each: low nibbles pair with even inputs, high with odd."""
     m = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    rows64 = rows.to(tl.int64)
+    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
     GROUPS: tl.constexpr = BLOCK_K // GROUP
+    PER_BYTE: tl.constexpr = 2 if INT4 else 1
+    VALS: tl.constexpr = GROUP // PER_BYTE  # stored elements (bytes) per group
     gs = tl.arange(0, GROUPS)
+    vs = tl.arange(0, VALS)
+    col = gs[:, None] * VALS + vs[None, :]  # [groups, vals]: byte offset in the tile
+    w_ptrs = w_ptr + rows64[:, None, None] * stride_wn + col[None]
+    x_ptrs = x_ptr + m * stride_xm + col * PER_BYTE  # even inputs (all inputs for int8)
+    s_ptrs = s_ptr + rows64[:, None] * stride_sn + gs[None, :]
+    z_ptrs = z_ptr + rows64[:, None] * stride_sn + gs[None, :]
     acc = tl.zeros([BLOCK_N, GROUPS], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + gs[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [groups, group]
-        x = tl.load(x_ptr + m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)
-        mask = row_mask[:, None, None] & (ks < K)[None, :, :]
-        if INT4:  # two values per byte: even k in the low nibble
-            byte = tl.load(
-                w_ptr + rows64[:, None, None] * stride_wn + ks[None] // 2, mask=mask, other=0
-            )
-            q = (byte >> ((ks[None] % 2) * 4)) & 15
+        kmask = k0 + col * PER_BYTE < K
+        gmask = k0 // GROUP + gs < K // GROUP
+        x = tl.load(x_ptrs, mask=kmask, other=0.0).to(tl.float32)
+        q = tl.load(w_ptrs, mask=kmask[None], other=0)
+        if INT4:
+            x_odd = tl.load(x_ptrs + 1, mask=kmask, other=0.0).to(tl.float32)
+            lo = (q & 15).to(tl.float32)
+            hi = (q >> 4).to(tl.float32)
+            dot = tl.sum(lo * x[None] + hi * x_odd[None], axis=2)  # [rows, groups]
+            x_sum = tl.sum(x + x_odd, axis=1)
         else:
-            q = tl.load(w_ptr + rows64[:, None, None] * stride_wn + ks[None], mask=mask, other=0)
-        dot = tl.sum(q.to(tl.float32) * x[None], axis=2)  # [rows, groups]
-        g = k0 // GROUP + gs
-        gmask = row_mask[:, None] & (g < K // GROUP)[None, :]
-        sidx = rows64[:, None] * stride_sn + g[None, :]
-        acc += dot * tl.load(s_ptr + sidx, mask=gmask, other=0.0).to(tl.float32)
+            dot = tl.sum(q.to(tl.float32) * x[None], axis=2)
+            x_sum = tl.sum(x, axis=1)
+        acc += dot * tl.load(s_ptrs, mask=gmask[None, :], other=0.0).to(tl.float32)
         if HAS_MIN:
-            zs = tl.load(z_ptr + sidx, mask=gmask, other=0.0).to(tl.float32)
-            acc += tl.sum(x, axis=1)[None, :] * zs
+            zs = tl.load(z_ptrs, mask=gmask[None, :], other=0.0).to(tl.float32)
+            acc += x_sum[None, :] * zs
+        w_ptrs += BLOCK_K // PER_BYTE
+        x_ptrs += BLOCK_K
+        s_ptrs += GROUPS
+        z_ptrs += GROUPS
     out = tl.sum(acc, axis=1)
     if HAS_BIAS:
-        out += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+        out += tl.load(b_ptr + rows64).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
 # Tuned per weight shape on first use (the engine's warm-up, before graph capture).
