@@ -27,7 +27,7 @@ _CONFIGS = [
 # Grouped tiles are one group wide: the rows carry the bytes in flight.
 _GROUPED_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
-    for bn, bk, w in [(16, 512, 4), (32, 256, 4), (32, 512, 8), (64, 256, 8), (16, 1024, 4)]
+    for bn, bk, w in [(16, 512, 4), (32, 512, 8), (64, 256, 8), (32, 1024, 8), (64, 512, 8)]
 ]
 
 
@@ -66,26 +66,30 @@ def _rowwise_kernel(
 
 @triton.jit
 def _grouped_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
+    x_ptr, xsum_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N,
+    stride_xm, stride_wn, stride_sn, stride_om,
     K: tl.constexpr, GROUP: tl.constexpr, INT4: tl.constexpr, HAS_MIN: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """out[m, rows] = sum over groups g of scale[g] * (q_g . x_g) + min[g] * sum(x_g).
+    """out[m, rows] = sum over groups g of scale[g] * (q_g . x_g) + min[g] * xsum[m, g].
 
     Each group is its own [rows, group] tile (BLOCK_K // GROUP of them unrolled per loop
-    step, so their loads are in flight together): its dot product is summed, then scaled,
-    one multiply-add per weight. Packed int4 bytes are read once each: the low nibble pairs
+    step, so their loads are in flight together), scaled per row and accumulated without
+    reducing: the only cross-thread sum is the last one. The per-group sums of x (for the
+    minimums) come precomputed. Packed int4 bytes are read once each: the low nibble pairs
     with the even input, the high nibble with the odd one."""
     m = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
     PER_BYTE: tl.constexpr = 2 if INT4 else 1
-    vs = tl.arange(0, GROUP // PER_BYTE)  # stored elements of one group
+    VALS: tl.constexpr = GROUP // PER_BYTE  # stored elements of one group
+    vs = tl.arange(0, VALS)
     w_base = w_ptr + rows64[:, None] * stride_wn + vs[None, :]
     x_base = x_ptr + m * stride_xm + vs * PER_BYTE
     s_base = s_ptr + rows64 * stride_sn
     z_base = z_ptr + rows64 * stride_sn
-    acc = tl.zeros([BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N, VALS], tl.float32)
+    acc_min = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         for j in tl.static_range(BLOCK_K // GROUP):
             k = k0 + j * GROUP
@@ -94,19 +98,18 @@ def _grouped_kernel(
             x = tl.load(x_base + k, mask=ok, other=0.0).to(tl.float32)
             if INT4:
                 x_odd = tl.load(x_base + k + 1, mask=ok, other=0.0).to(tl.float32)
-                lo = (q & 15).to(tl.float32)
-                hi = (q >> 4).to(tl.float32)
-                dot = tl.sum(lo * x[None, :] + hi * x_odd[None, :], axis=1)
-                x_sum = tl.sum(x, axis=0) + tl.sum(x_odd, axis=0)
+                t = (q & 15).to(tl.float32) * x[None, :] + (q >> 4).to(tl.float32) * x_odd[None, :]
             else:
-                dot = tl.sum(q.to(tl.float32) * x[None, :], axis=1)
-                x_sum = tl.sum(x, axis=0)
-            acc += dot * tl.load(s_base + k // GROUP, mask=ok, other=0.0).to(tl.float32)
+                t = q.to(tl.float32) * x[None, :]
+            scale = tl.load(s_base + k // GROUP, mask=ok, other=0.0).to(tl.float32)
+            acc += t * scale[:, None]
             if HAS_MIN:
-                acc += x_sum * tl.load(z_base + k // GROUP, mask=ok, other=0.0).to(tl.float32)
+                x_sum = tl.load(xsum_ptr + m * (K // GROUP) + k // GROUP, mask=ok, other=0.0)
+                acc_min += x_sum * tl.load(z_base + k // GROUP, mask=ok, other=0.0).to(tl.float32)
+    out = tl.sum(acc, axis=1) + acc_min
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rows64).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=rows < N)
+        out += tl.load(b_ptr + rows64).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
 # Tuned per weight shape on first use (the engine's warm-up, before graph capture).
@@ -140,11 +143,14 @@ def _gemv(
             K=in_features, HAS_BIAS=bias is not None, **fixed,
         )  # fmt: skip
         return out
+    group = in_features // scales.shape[1]
+    # Per-group sums of x, for the minimums' share: [M, groups] float32.
+    x_sums = x.float().view(x.shape[0], -1, group).sum(-1) if mins is not None else scales
     kernel = _grouped_tuned if block is None else _grouped_kernel
     kernel[grid](
-        x, w, scales, mins if mins is not None else scales, bias_arg, out,
+        x, x_sums, w, scales, mins if mins is not None else scales, bias_arg, out,
         n, x.stride(0), w.stride(0), scales.stride(0), out.stride(0),
-        K=in_features, GROUP=in_features // scales.shape[1], INT4=int4,
+        K=in_features, GROUP=group, INT4=int4,
         HAS_MIN=mins is not None, HAS_BIAS=bias is not None, **fixed,
     )  # fmt: skip
     return out
