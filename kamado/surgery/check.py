@@ -49,7 +49,7 @@ def run_check(
     device: str = "cpu",
     dtype: str = "auto",
     new_tokens: int = 32,
-    speed_tokens: int = 32,
+    speed_tokens: int = 32,  # 0: no speed measurement
 ) -> dict:
     tokenizer = load_tokenizer(resolve_model(model))
     prompts = [tokenizer.encode(p) for p in PROMPTS]
@@ -76,12 +76,12 @@ def run_check(
             )
         )
     speeds: list[list[float]] = [[] for _ in engines]
-    for _ in range(SPEED_ROUNDS):  # interleaved, so load from others hits every variant alike
+    for _ in range(SPEED_ROUNDS if speed_tokens else 0):  # interleaved: load hits all alike
         for i, engine in enumerate(engines):
             r = kamado_throughput(engine, model, 1, 32, speed_tokens)
             speeds[i].append(r.decode_tok_s)
     for result, s in zip(results, speeds, strict=True):
-        result.decode_tok_s = statistics.median(s)
+        result.decode_tok_s = statistics.median(s) if s else 0.0
     print(format_table(results, len(prompts)))
     return dict(
         model=model, device=device, dtype=str(engines[0].dtype), new_tokens=new_tokens,
@@ -163,7 +163,7 @@ def format_table(results: list[VariantResult], num_prompts: int) -> str:
             f"{1 - r.weight_bytes / base.weight_bytes:6.0%} "
             f"{f'{r.greedy_same}/{num_prompts}':>11s} {r.greedy_prefix:6.0%} {r.top1:6.1%} "
             f"{r.perplexity:7.3f} {r.perplexity / base.perplexity - 1:+6.1%} "
-            f"{r.decode_tok_s:12.1f} {r.decode_tok_s / base.decode_tok_s:5.2f}x"
+            f"{r.decode_tok_s:12.1f} {r.decode_tok_s / (base.decode_tok_s or 1):5.2f}x"
         )
     for r in results:
         lines.extend(f"  {r.surgery}: {line}" for line in r.steps)
