@@ -29,7 +29,10 @@ def pack_int4(
     q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """torch's CPU int4 layout: packed values and [in // group, out, 2] (scale, zero) in
-    KERNEL_DTYPE, where it computes w = (q - 8) * scale + zero."""
+    KERNEL_DTYPE, where it computes w = (q - 8) * scale + zero. The kernel wants out to be
+    a multiple of 16: extra rows of zeros pad it, and callers drop their outputs."""
+    pad = -q.shape[0] % 16
+    q, scales, mins = (F.pad(t, (0, 0, 0, pad)) for t in (q, scales, mins))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
     s = scales.float()
     scale_zeros = torch.stack([s, mins.float() + 8 * s], dim=-1).transpose(0, 1)

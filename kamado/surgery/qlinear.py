@@ -88,7 +88,7 @@ class Int4Linear(QuantizedLinear):
 
             return int4_matmul(x, self.packed, self.scales, self.mins, self.bias)
         y = cpu_matmul.int4_grouped(x, self.packed, self.scale_zeros, self.group)
-        return self._add_bias(y)
+        return self._add_bias(y[:, : self.out_features])
 
 
 class Fp8Linear(QuantizedLinear):
