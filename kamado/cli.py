@@ -8,6 +8,14 @@ import sys
 
 from kamado.config import DEFAULT_MODEL
 from kamado.structured.tool_formats import TOOL_FORMATS
+from kamado.surgery.names import parse_surgery
+
+
+def _surgery(text: str) -> tuple[str, ...]:
+    try:
+        return parse_surgery(text)
+    except ValueError as e:  # argparse prints the message and exits
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +48,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--surgery",
-        default="",
+        type=_surgery,
+        default=(),
         help="load-time surgery, comma-separated: fuse int8 int4 fp8 gguf kv-fp8 kv-int8",
     )
     p.add_argument(
@@ -72,6 +81,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--surgery",
+        type=_surgery,
         action="append",
         help="with --gpu: batch-1 decode per surgery variant beside bf16 (repeatable)",
     )
@@ -111,7 +121,10 @@ def _add_surgery(sub: argparse._SubParsersAction) -> None:
     check = ssub.add_parser("check", help="surgery variants beside the unmodified model")
     check.add_argument("model", help="named model, .gguf file, HF dir or synthetic:<shape>")
     check.add_argument(
-        "--surgery", action="append", help="one variant, e.g. int8 or gguf,fuse (repeatable)"
+        "--surgery",
+        type=_surgery,
+        action="append",
+        help="one variant, e.g. int8 or gguf,fuse (repeatable)",
     )
     check.add_argument("--device", default="cpu")
     check.add_argument(

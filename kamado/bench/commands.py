@@ -28,12 +28,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     if args.gpu and args.surgery:
         from kamado.bench.gpu_surgery import run_surgery_bench
-        from kamado.surgery.names import parse_surgery
 
         model = (args.model or ["synthetic:qwen3-8b"])[0]
-        variants = [parse_surgery(s) for s in args.surgery]
         results = run_surgery_bench(
-            model, variants, prompt_len=args.prompt_len or 512, gen_len=args.gen_len or 128
+            model, args.surgery, prompt_len=args.prompt_len or 512, gen_len=args.gen_len or 128
         )
         write_results(args.out, "gpu-surgery", results)
         return 0

@@ -75,7 +75,9 @@ def kv_fingerprint(config: EngineConfig, model_config: ModelConfig, dtype: torch
     """Names whose K/V a cached block holds: model weights, dtype and block layout. Blocks
     saved under another fingerprint are never loaded."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(repr((model_config, str(dtype), config.block_size, config.seed)).encode())
+    # Surgery changes the K/V a model computes: blocks of one variant never serve another.
+    key = (model_config, str(dtype), config.block_size, config.seed, weight_step_names(config))
+    h.update(repr((*key, config.kv_cache_dtype)).encode())
     source = resolve_model(config.model)
     if source.path is None:
         h.update(f"synthetic:{source.name}".encode())

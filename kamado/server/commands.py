@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from kamado.config import EngineConfig, kamado_home
-from kamado.surgery.names import parse_surgery
 
 log = logging.getLogger("kamado.server")
 
@@ -59,7 +58,7 @@ def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_cache,
         kv_disk_dir=args.kv_disk_dir or str(kamado_home() / "kv-cache"),
         kv_disk_bytes=int(args.kv_disk_gb * GIB),
-        surgery=parse_surgery(args.surgery),
+        surgery=args.surgery,
     )
 
 

@@ -11,9 +11,8 @@ from kamado.bench.report import write_results
 def cmd_surgery(args: argparse.Namespace) -> int:
     from kamado.models import resolve_model
     from kamado.surgery.check import run_check
-    from kamado.surgery.names import parse_surgery
 
-    variants = [parse_surgery(s) for s in args.surgery or []]
+    variants = list(args.surgery or [])
     if not variants:
         variants = [("int8",), ("int4",)]
         if resolve_model(args.model).kind == "gguf":

@@ -181,3 +181,18 @@ def test_gguf_tensors_are_served_as_stored_and_compute_as_dequantized(
 def test_gguf_step_refuses_a_model_that_is_not_gguf():
     with pytest.raises(ValueError, match="not a GGUF file"):
         engine("synthetic:tiny-llama", ("gguf",))
+
+
+def test_command_lines_take_surgery_lists(capsys):
+    from kamado.cli import build_parser
+    from kamado.server.commands import engine_config
+
+    serve = build_parser().parse_args(["serve", "--surgery", "int8,kv-fp8"])
+    assert engine_config(serve, "m").surgery == ("int8", "kv-fp8")
+    check = build_parser().parse_args(
+        ["surgery", "check", "m", "--surgery", "int8", "--surgery", "gguf,fuse"]
+    )
+    assert check.surgery == [("int8",), ("gguf", "fuse")]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--surgery", "int3"])
+    assert "unknown surgery step 'int3'" in capsys.readouterr().err
