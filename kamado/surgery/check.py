@@ -72,7 +72,7 @@ def run_check(
                     _common_prefix(t, b) / len(b) for t, b in zip(tokens, greedy[0], strict=True)
                 ),
                 top1=agree / sum(len(t) for t in base_top1),
-                perplexity=_perplexity(_logits(engine, text), text),
+                perplexity=_perplexity(teacher_forced_logits(engine, text), text),
             )
         )
     speeds: list[list[float]] = [[] for _ in engines]
@@ -114,13 +114,13 @@ def _predictions(
 ) -> list[torch.Tensor]:
     """The argmax next token at each position of each sequence's continuation."""
     return [
-        _logits(engine, s)[len(p) - 1 : -1].argmax(-1)
+        teacher_forced_logits(engine, s)[len(p) - 1 : -1].argmax(-1)
         for s, p in zip(sequences, prompts, strict=True)
     ]
 
 
 @torch.inference_mode()
-def _logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
+def teacher_forced_logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
     """Float32 logits at every position of ids, one prefill through the engine's model in a
     KV cache of its own."""
     runner = engine.runner

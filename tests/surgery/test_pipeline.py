@@ -18,7 +18,7 @@ from kamado.models.gguf_reader import GGUFFile
 from kamado.models.loader import iter_weights
 from kamado.models.synthetic import synthetic_weights, tiny_config
 from kamado.surgery.build import build_model
-from kamado.surgery.check import _logits
+from kamado.surgery.check import teacher_forced_logits
 from kamado.surgery.kv import with_kv_surgery
 from kamado.surgery.names import parse_surgery
 from kamado.surgery.pipeline import LoadTarget, linear_slots, module_bytes
@@ -100,8 +100,8 @@ def test_compression_replaces_every_projection_and_reports_the_bytes_it_freed(
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("step,tolerance", [("fuse", 1e-5), ("int8", 3e-2), ("int4", 0.3)])
 def test_surgery_keeps_logits_near_the_unmodified_model(arch, step, tolerance):
-    reference = _logits(engine(f"synthetic:tiny-{arch}"), IDS)
-    got = _logits(engine(f"synthetic:tiny-{arch}", (step,)), IDS)
+    reference = teacher_forced_logits(engine(f"synthetic:tiny-{arch}"), IDS)
+    got = teacher_forced_logits(engine(f"synthetic:tiny-{arch}", (step,)), IDS)
     assert relative_error(got, reference) < tolerance
 
 
@@ -162,7 +162,7 @@ def gguf_model(tmp_path, request):
 def test_gguf_tensors_are_served_as_stored_and_compute_as_dequantized(
     gguf_model, kind, tolerance, monkeypatch
 ):
-    reference = _logits(engine(str(gguf_model)), IDS)
+    reference = teacher_forced_logits(engine(str(gguf_model)), IDS)
     dequantized: list[str] = []
     real = GGUFFile.dequantize
     monkeypatch.setattr(
@@ -175,7 +175,7 @@ def test_gguf_tensors_are_served_as_stored_and_compute_as_dequantized(
     assert type(layer.self_attn.q_proj) is kind and type(layer.mlp.down_proj) is kind
     assert "kept as stored" in kept.surgery[0].line()
     # 4-bit layers compute in bf16 on CPU (cpu_matmul.py); int8 ones in float32
-    assert relative_error(_logits(kept, IDS), reference) < tolerance
+    assert relative_error(teacher_forced_logits(kept, IDS), reference) < tolerance
 
 
 def test_gguf_step_refuses_a_model_that_is_not_gguf():
