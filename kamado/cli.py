@@ -1,4 +1,5 @@
-"""`kamado serve | pull | models | bench | replay | chat`: one entry point, a module each."""
+"""`kamado serve | pull | models | bench | replay | chat | surgery`: one entry point, a module
+each."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import sys
 
 from kamado.config import DEFAULT_MODEL, KV_CACHE_DTYPES
 from kamado.structured.tool_formats import TOOL_FORMATS
+from kamado.surgery.names import parse_surgery
+
+
+def _surgery(text: str) -> tuple[str, ...]:
+    try:
+        return parse_surgery(text)
+    except ValueError as e:  # argparse prints the message and exits
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _positive_int(text: str) -> int:
@@ -63,6 +72,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="do not turn a reply that is only a JSON tool call into tool_calls",
     )
     p.add_argument(
+        "--surgery",
+        type=_surgery,
+        default=(),
+        help="load-time surgery, comma-separated: fuse int8 int4 fp8 gguf kv-fp8 kv-int8",
+    )
+    p.add_argument(
         "--tool-call-format",
         default=None,
         choices=TOOL_FORMATS,
@@ -105,6 +120,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache", action="store_true", help="int8/fp8 KV cache vs the model's dtype")
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV budget (--kv-cache)")
     p.add_argument("--batch", type=int, default=4, help="decoding sequences (--kv-cache)")
+    p.add_argument(
+        "--surgery",
+        type=_surgery,
+        action="append",
+        help="with --gpu: batch-1 decode per surgery variant beside bf16 (repeatable)",
+    )
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -145,6 +166,25 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     both.add_argument("--out", default=None, help="write raw results JSON here")
 
 
+def _add_surgery(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("surgery", help="check what load-time surgery costs in fidelity")
+    ssub = p.add_subparsers(dest="surgery_command", required=True)
+    check = ssub.add_parser("check", help="surgery variants beside the unmodified model")
+    check.add_argument("model", help="named model, .gguf file, HF dir or synthetic:<shape>")
+    check.add_argument(
+        "--surgery",
+        type=_surgery,
+        action="append",
+        help="one variant, e.g. int8 or gguf,fuse (repeatable)",
+    )
+    check.add_argument("--device", default="cpu")
+    check.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
+    )
+    check.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
+    check.add_argument("--out", default=None, help="write raw results JSON here")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kamado", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -155,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_replay(sub)
     _add_chat(sub)
+    _add_surgery(sub)
     return parser
 
 
@@ -171,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         from kamado.bench.commands import cmd_bench as run
     elif args.command == "replay":
         from kamado.bench.commands import cmd_replay as run
+    elif args.command == "surgery":
+        from kamado.surgery.commands import cmd_surgery as run
     else:
         from kamado.server.chat_client import cmd_chat as run
     return run(args) or 0

@@ -85,6 +85,9 @@ class EngineConfig:
     # CPU threads for the model; None: as many as other processes leave cores idle
     # (re-checked every second), up to torch's default.
     cpu_threads: int | None = None
+    # Load-time surgery steps by name (kamado.surgery): fuse, int8, int4, fp8, gguf,
+    # kv-fp8, kv-int8. On CUDA with fused_kernels, fuse is always applied.
+    surgery: tuple[str, ...] = ()
     # Keep full KV blocks of finished turns and reuse them for requests with the same prefix.
     enable_prefix_caching: bool = True
     # Disk tier for cached blocks evicted from the device (None: off), and its size cap.

@@ -17,7 +17,9 @@ from kamado.config import EngineConfig, ModelConfig
 from kamado.engine.core import EngineCore
 from kamado.kv.cache import bytes_per_block
 from kamado.models import load_model_config, resolve_model
+from kamado.models.layout import expected_weights
 from kamado.models.reference import transformers_model
+from kamado.surgery.pipeline import tensor_bytes
 
 COPY_BYTES = 4 << 30
 MATMUL_SIZE = 8192
@@ -61,11 +63,12 @@ def decode_bytes(
     context: int,
     kv_bytes_per_token: int | None = None,  # None: bf16 K/V
 ) -> int:
-    """Bytes one decode step must read: every weight but the embedding table (a lookup
-    reads only the batch's rows), plus each sequence's K/V."""
-    weights = sum(
-        p.numel() * p.element_size()
-        for name, p in model.named_parameters()
+    """Bytes one decode step must read: every weight as stored (compressed ones too, each
+    storage once) but the embedding table (a lookup reads only the batch's rows), plus each
+    sequence's K/V."""
+    weights = tensor_bytes(
+        t
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
         if name != "model.embed_tokens.weight" or config.tie_word_embeddings
     )
     if kv_bytes_per_token is None:
@@ -140,7 +143,8 @@ def run_gpu_bench(
         )
     peers: list[dict] = []
     if peer:
-        weights = dict(net.state_dict())
+        names = expected_weights(config)  # the fused projections' views, not the fused copies
+        weights = {k: v for k, v in net.state_dict().items() if k in names}
         del engine
         torch.cuda.empty_cache()
         with torch.device("cuda"):

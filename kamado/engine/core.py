@@ -29,6 +29,7 @@ from kamado.kv.disk_tier import DiskTier
 from kamado.kv.prefix_cache import PrefixCache
 from kamado.structured.constraint import ConstraintError
 from kamado.structured.guide import Guides
+from kamado.surgery.kv import with_kv_surgery
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class EngineStats:
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
+        self.config = config = with_kv_surgery(config)
         self.threads = (
             ThreadGovernor(DEFAULT_THREADS, config.cpu_threads)
             if torch.device(config.device).type == "cpu"
@@ -79,8 +80,9 @@ class EngineCore:
         self.kv_format = loaded.kv_format
         self.num_blocks = loaded.num_blocks
         self.max_model_len = loaded.max_model_len
+        self.surgery = loaded.surgery
         self.runner = ModelRunner(
-            config, self.model_config, loaded.weights, self.dtype, self.num_blocks, self.kv_format
+            config, self.model_config, loaded.model, self.dtype, self.num_blocks, self.kv_format
         )
         del loaded
         self.pool = BlockPool(self.num_blocks)

@@ -12,7 +12,12 @@ import torch
 from kamado.config import EngineConfig, ModelConfig
 from kamado.kv.cache import bytes_per_block
 from kamado.kv.quant import KVFormat, kv_format
-from kamado.models import load_model_config, load_weights, resolve_model
+from kamado.models import load_model_config, resolve_model
+from kamado.models.loader import iter_weights
+from kamado.models.transformer import Transformer
+from kamado.surgery.build import build_model
+from kamado.surgery.pipeline import LoadTarget, StepReport
+from kamado.surgery.registry import make_steps, weight_step_names
 
 CPU_KV_FRACTION = 0.25  # of available RAM, on CPU, when no budget is given
 CPU_KV_CAP = 4 << 30
@@ -21,11 +26,12 @@ CPU_KV_CAP = 4 << 30
 @dataclass
 class LoadedForEngine:
     model_config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    model: Transformer  # loaded, with its surgery applied
     dtype: torch.dtype
     kv_format: KVFormat
     num_blocks: int
     max_model_len: int
+    surgery: list[StepReport]
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -40,7 +46,11 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     source = resolve_model(config.model)
     model_config = load_model_config(source)
     dtype = resolve_dtype(config.dtype, config.device)
-    weights = load_weights(source, model_config, dtype, config.device)
+    target = LoadTarget(source, model_config, dtype, config.device)
+    steps = make_steps(weight_step_names(config), target)
+    skip = frozenset().union(*(s.skip_loading for s in steps))
+    weights = iter_weights(source, model_config, dtype, config.device, skip)
+    model, reports = build_model(model_config, weights, steps, dtype)
     fmt = kv_format(config.kv_cache_dtype, dtype, config.device)
     per_block = bytes_per_block(model_config, config.block_size, dtype, fmt)
     if config.kv_cache_bytes:
@@ -56,7 +66,7 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     if config.max_model_len is not None:
         limit = min(limit, config.max_model_len)
     max_model_len = min(limit, num_blocks * config.block_size)
-    return LoadedForEngine(model_config, weights, dtype, fmt, num_blocks, max_model_len)
+    return LoadedForEngine(model_config, model, dtype, fmt, num_blocks, max_model_len, reports)
 
 
 def _default_kv_budget() -> int:
@@ -70,7 +80,9 @@ def kv_fingerprint(
     """Names whose K/V a cached block holds: model weights, dtype, KV cache dtype and block
     layout. Blocks saved under another fingerprint are never loaded."""
     h = hashlib.blake2b(digest_size=16)
-    layout = (model_config, str(dtype), fmt.name, config.block_size, config.seed)
+    # Surgery changes the K/V a model computes: blocks of one variant never serve another.
+    steps = weight_step_names(config)
+    layout = (model_config, str(dtype), fmt.name, config.block_size, config.seed, steps)
     h.update(repr(layout).encode())
     source = resolve_model(config.model)
     if source.path is None:

@@ -29,17 +29,14 @@ class ModelRunner:
         self,
         engine_config: EngineConfig,
         model_config: ModelConfig,
-        weights: dict[str, torch.Tensor],
+        model: Transformer,  # loaded, surgery applied
         dtype: torch.dtype,
         num_blocks: int,
         kv_format: KVFormat | None = None,
     ) -> None:
         self.device = torch.device(engine_config.device)
         self.block_size = engine_config.block_size
-        with torch.device("meta"):
-            self.model = Transformer(model_config)
-        self.model.load_weights(weights)
-        self.model.eval()
+        self.model = model
         self.cache = KVCache(
             model_config, num_blocks, self.block_size, dtype, self.device, kv_format
         )

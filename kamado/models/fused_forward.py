@@ -1,34 +1,17 @@
 """The transformer's forward pass on CUDA with fused weights and kernels.
 
-At build time q/k/v and gate/up weights are concatenated into one matrix each (one
-matmul reads them all) and the module's own parameters become views of those matrices,
-so nothing is stored twice and the Hugging Face names still resolve. Per layer a step is
-then: add+RMSNorm, QKV matmul, qk-norm+rope in place, attention, o_proj, add+RMSNorm,
+It runs on a model whose q/k/v and gate/up projections the `fuse` surgery step has made
+one matmul each (plain or compressed: each projection is called as a module). Per layer a
+step is: add+RMSNorm, QKV matmul, qk-norm+rope in place, attention, o_proj, add+RMSNorm,
 gate/up matmul, SiLU*up, down: about a dozen kernels instead of some sixty.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from kamado.models.fused_kernels import qk_norm_rope, rms_norm, silu_mul
 from kamado.models.transformer import StepContext, Transformer
-
-
-def _fuse(modules: list[nn.Linear], attr: str) -> torch.Tensor | None:
-    """Concatenate the modules' `attr` tensors; point each module at its slice."""
-    parts = [getattr(m, attr) for m in modules]
-    if parts[0] is None:
-        return None
-    fused = torch.cat([p.detach() for p in parts])
-    start = 0
-    for module, part in zip(modules, parts, strict=True):
-        end = start + part.shape[0]
-        setattr(module, attr, nn.Parameter(fused[start:end], requires_grad=False))
-        start = end
-    return fused
 
 
 class FusedForward:
@@ -40,18 +23,18 @@ class FusedForward:
         self.layers = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+            if attn.qkv_proj is None or mlp.gate_up_proj is None:
+                raise ValueError("FusedForward needs the fuse surgery step applied first")
             self.layers.append(
                 dict(
                     input_norm=layer.input_layernorm.weight,
-                    qkv=_fuse(projections, "weight"),
-                    qkv_bias=_fuse(projections, "bias"),
+                    qkv=attn.qkv_proj,
                     q_norm=None if attn.q_norm is None else attn.q_norm.weight,
                     k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-                    o=attn.o_proj.weight,
+                    o=attn.o_proj,
                     post_norm=layer.post_attention_layernorm.weight,
-                    gate_up=_fuse([mlp.gate_proj, mlp.up_proj], "weight"),
-                    down=mlp.down_proj.weight,
+                    gate_up=mlp.gate_up_proj,
+                    down=mlp.down_proj,
                 )
             )
 
@@ -65,7 +48,7 @@ class FusedForward:
         residual = None
         for i, w in enumerate(self.layers):
             h, residual = rms_norm(x, w["input_norm"], self.eps, residual)
-            qkv = F.linear(h, w["qkv"], w["qkv_bias"])
+            qkv = w["qkv"](h)
             qk_norm_rope(
                 qkv, positions, ctx.rope.cos, ctx.rope.sin, self.num_heads, self.num_kv_heads,
                 self.head_dim, w["q_norm"], w["k_norm"], self.eps,
@@ -74,8 +57,8 @@ class FusedForward:
             k = qkv[:, q_dim : q_dim + kv_dim].view(t, self.num_kv_heads, self.head_dim)
             v = qkv[:, q_dim + kv_dim :].view(t, self.num_kv_heads, self.head_dim)
             out = ctx.backend.forward(q, k, v, i, ctx.cache, ctx.metadata)
-            x = F.linear(out.reshape(t, q_dim), w["o"])
+            x = w["o"](out.reshape(t, q_dim))
             h, residual = rms_norm(x, w["post_norm"], self.eps, residual)
-            x = F.linear(silu_mul(F.linear(h, w["gate_up"])), w["down"])
+            x = w["down"](silu_mul(w["gate_up"](h)))
         hidden, _ = rms_norm(x, self.model.model.norm.weight, self.eps, residual)
         return hidden

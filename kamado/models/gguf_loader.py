@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -106,6 +107,17 @@ def gguf_weights(
     path: Path, config: ModelConfig, dtype: torch.dtype, device: str
 ) -> dict[str, torch.Tensor]:
     """Dequantize every expected tensor straight to dtype/device, a few at a time."""
+    return dict(iter_gguf_weights(path, config, dtype, device))
+
+
+def iter_gguf_weights(
+    path: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: str,
+    skip: Collection[str] = (),
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """gguf_weights one tensor at a time, in order; names in `skip` are not read."""
     gf = GGUFFile(path)
     expected = expected_weights(config)
     for name, shape in expected.items():  # check everything before the slow part
@@ -113,7 +125,6 @@ def gguf_weights(
         if stored not in gf.tensors:
             raise missing(name, str(path), stored)
         check_shape(name, gf.tensors[stored].shape, shape, str(path))
-    permuted = gf.architecture in _PERMUTED
 
     def convert(name: str) -> torch.Tensor:
         stored = gguf_name(name)
@@ -121,19 +132,31 @@ def gguf_weights(
             array = gf.dequantize(stored)
         except NotImplementedError as e:  # a quant type gguf-py cannot dequantize
             raise ModelLoadError(f"{path}: tensor {stored}: {e}") from e
-        if permuted and (".attn_q." in stored or ".attn_k." in stored):
-            n_heads = config.num_heads if ".attn_q." in stored else config.num_kv_heads
-            array = _unpermute_rows(array, n_heads)
+        if heads := permuted_heads(gf.architecture, stored, config):
+            array = unpermute_rows(array, heads)
         return torch.from_numpy(array).to(device=device, dtype=dtype)
 
-    # numpy releases the GIL inside dequantization: threads give ~2x on two cores. Only
-    # `workers` float32 temporaries are alive at once.
+    # numpy releases the GIL inside dequantization: threads give ~2x on two cores. Only a
+    # window of float32 temporaries is alive at once.
+    names = [n for n in expected if n not in skip]
     workers = min(8, os.cpu_count() or 1)
+    window = 4 * workers
     with ThreadPoolExecutor(workers) as pool:
-        return dict(zip(expected, pool.map(convert, expected), strict=True))
+        for start in range(0, len(names), window):
+            chunk = names[start : start + window]
+            yield from zip(chunk, pool.map(convert, chunk), strict=True)
 
 
-def _unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+def permuted_heads(architecture: str, stored: str, config: ModelConfig) -> int | None:
+    """The head count to undo llama.cpp's q/k row permute with, or None if not permuted."""
+    if architecture not in _PERMUTED:
+        return None
+    if ".attn_q." in stored:
+        return config.num_heads
+    return config.num_kv_heads if ".attn_k." in stored else None
+
+
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k permute: per head, rows [r0, r1, ...] were interleaved halves."""
     half = w.shape[0] // n_heads // 2
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -67,20 +68,32 @@ def hf_model_config(directory: Path) -> ModelConfig:
 def hf_weights(
     directory: Path, config: ModelConfig, dtype: torch.dtype, device: str
 ) -> dict[str, torch.Tensor]:
+    return dict(iter_hf_weights(directory, config, dtype, device))
+
+
+def iter_hf_weights(
+    directory: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: str,
+    skip: Collection[str] = (),
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every expected tensor but those in `skip`, read one at a time; every name and shape
+    is checked before the first is read."""
     where = str(directory)
     files = _weight_files(directory)
-    weights: dict[str, torch.Tensor] = {}
+    expected = {n: s for n, s in expected_weights(config).items() if n not in skip}
     with ExitStack() as stack:
         handles = {}
-        for name, shape in expected_weights(config).items():
+        for name, shape in expected.items():
             if name not in files:
                 raise missing(name, where)
             file = files[name]
             if file not in handles:
                 handles[file] = stack.enter_context(safe_open(file, framework="pt"))
             check_shape(name, tuple(handles[file].get_slice(name).get_shape()), shape, where)
-            weights[name] = handles[file].get_tensor(name).to(device=device, dtype=dtype)
-    return weights
+        for name in expected:
+            yield name, handles[files[name]].get_tensor(name).to(device=device, dtype=dtype)
 
 
 def _weight_files(directory: Path) -> dict[str, Path]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
 from kamado.config import SUPPORTED_ARCHITECTURES, ModelConfig
@@ -111,15 +112,26 @@ def synthetic_weights(
 ) -> dict[str, torch.Tensor]:
     """Deterministic random weights: N(0, 0.02) matrices and biases, norms at 1, so
     activations stay in a realistic, finite range at any depth."""
+    return dict(iter_synthetic_weights(config, dtype, device, seed))
+
+
+def iter_synthetic_weights(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    seed: int = 0,
+    skip: Collection[str] = (),
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """synthetic_weights one tensor at a time, each made only when asked for."""
     import torch  # here, so listing shapes (`kamado models`) does not load torch
 
-    weights = {}
     for name, shape in expected_weights(config).items():
+        if name in skip:
+            continue
         if name.endswith("norm.weight"):
-            weights[name] = torch.ones(shape, dtype=dtype, device=device)
+            yield name, torch.ones(shape, dtype=dtype, device=device)
             continue
         gen = torch.Generator(device=device)
         gen.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         tensor = torch.randn(shape, generator=gen, dtype=dtype, device=device)
-        weights[name] = tensor.mul_(0.02)
-    return weights
+        yield name, tensor.mul_(0.02)

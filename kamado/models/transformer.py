@@ -3,7 +3,9 @@
 Architecture differences are configuration (qkv bias, qk-norm, tied embeddings, rope
 scaling), not separate files. The model works on a flattened batch: all new tokens of
 all sequences in one [T] tensor, with attention reading and writing the paged KV cache.
-Module names follow Hugging Face so checkpoints load by name.
+Module names follow Hugging Face so checkpoints load by name. Load-time surgery
+(kamado.surgery) may add fused `qkv_proj` / `gate_up_proj` projections and swap any
+projection for a compressed one; the forward pass uses whichever is there.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_dim, bias=config.qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_dim, hidden, bias=False)
+        self.qkv_proj: nn.Module | None = None  # q, k and v in one matmul, set by surgery
+        self.split = (q_dim, kv_dim, kv_dim)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -53,9 +57,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ctx.rope(positions, q, k)
@@ -69,9 +77,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # gate and up in one matmul, set by surgery
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -62,6 +62,7 @@ def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
         kv_disk_dir=args.kv_disk_dir or str(kamado_home() / "kv-cache"),
         kv_disk_bytes=int(args.kv_disk_gb * GIB),
         cpu_threads=args.threads,
+        surgery=args.surgery,
     )
 
 

@@ -16,6 +16,7 @@ from kamado.models.fused_forward import FusedForward  # noqa: E402
 from kamado.models.rope import RotaryEmbedding  # noqa: E402
 from kamado.models.synthetic import synthetic_config, synthetic_weights  # noqa: E402
 from kamado.models.transformer import StepContext, Transformer  # noqa: E402
+from kamado.surgery.fuse import fuse_layer  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -25,6 +26,9 @@ def hidden_states(config, weights, dtype, fused, ids):
     with torch.device("meta"):
         model = Transformer(config)
     model.load_weights({k: v.to(dtype) for k, v in weights.items()})
+    if fused:
+        for layer in model.model.layers:
+            fuse_layer(layer)
     forward = FusedForward(model) if fused else model
     n = ids.shape[0]
     cache = KVCache(config, 8, 16, dtype, CUDA)

@@ -1,0 +1,117 @@
+"""Linear layers whose weights stay compressed; each forward reads the compressed bytes.
+
+Drop-in for nn.Linear in the transformer: [..., in] -> [..., out] in the input's dtype.
+On CPU they use cpu_matmul, on CUDA triton_matmul. Compressed tensors are buffers, so
+they move with the module and count in its memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kamado.surgery import cpu_matmul, formats
+
+
+class QuantizedLinear(nn.Module):
+    """What every compressed linear shares: shapes, an optional bias, and the flattening of
+    leading dimensions around a 2-D matmul."""
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x.reshape(-1, self.in_features))
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class Int8Linear(QuantizedLinear):
+    """w = q * scale; one scale per row (torch's int8 kernel on CPU) or per group."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(q.shape[1], q.shape[0], bias)
+        self.register_buffer("q", q)
+        self.rowwise_cpu = scales.shape[1] == 1 and not q.is_cuda
+        if self.rowwise_cpu:  # torch's CPU kernel takes [out] scales in its dtype
+            scales = scales[:, 0].to(cpu_matmul.KERNEL_DTYPE)
+        self.register_buffer("scales", scales)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from kamado.surgery.triton_matmul import int8_matmul
+
+            return int8_matmul(x, self.q, self.scales, self.bias)
+        if self.rowwise_cpu:
+            return self._add_bias(cpu_matmul.int8_rowwise(x, self.q, self.scales))
+        return self._add_bias(cpu_matmul.tiled(x, self.out_features, self._rows))
+
+    def _rows(self, a: int, b: int) -> torch.Tensor:
+        q = self.q[a:b].view(b - a, self.scales.shape[1], -1).float()
+        return (q * self.scales[a:b, :, None].float()).view(b - a, -1)
+
+
+class Int4Linear(QuantizedLinear):
+    """w = q * scale + min per group of `in`, q in 0..15, two values per byte."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,  # uint8 values 0..15, [out, in]
+        scales: torch.Tensor,
+        mins: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> None:
+        super().__init__(q.shape[1], q.shape[0], bias)
+        self.group = q.shape[1] // scales.shape[1]
+        if q.is_cuda:
+            self.register_buffer("packed", formats.pack_int4(q))
+            self.register_buffer("scales", scales)
+            self.register_buffer("mins", mins)
+        else:
+            packed, scale_zeros = cpu_matmul.pack_int4(q, scales, mins)
+            self.register_buffer("packed", packed)
+            self.register_buffer("scale_zeros", scale_zeros)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from kamado.surgery.triton_matmul import int4_matmul
+
+            return int4_matmul(x, self.packed, self.scales, self.mins, self.bias)
+        y = cpu_matmul.int4_grouped(x, self.packed, self.scale_zeros, self.group)
+        return self._add_bias(y[:, : self.out_features])
+
+
+class Fp8Linear(QuantizedLinear):
+    """w = q * scale, q in float8 e4m3, one scale per row; CUDA on Ada/Hopper only."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(q.shape[1], q.shape[0], bias)
+        self.register_buffer("q", q)
+        self.register_buffer("scales", scales.view(-1, 1))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        from kamado.surgery.triton_matmul import fp8_matmul
+
+        return fp8_matmul(x, self.q, self.scales, self.bias)
+
+
+class RowConcat(nn.Module):
+    """Several linears over the same input as one, their outputs side by side: the fusion of
+    layers whose stored formats cannot be concatenated (GGUF tensors of different types)."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)

@@ -1,0 +1,65 @@
+"""Compressed linears on CUDA (Triton GEMV for 1-2 rows, dequantize + cuBLAS beyond) against
+x @ W.T with W dequantized from the same compressed tensors in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+pytest.importorskip("triton")
+
+from kamado.surgery import formats  # noqa: E402
+from kamado.surgery.qlinear import Fp8Linear, Int4Linear, Int8Linear  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+# bf16 activations and output: each input and the result round at 2^-9 relative.
+TOLERANCE = 1e-2
+SHAPES = [(1000, 512), (4096, 12288)]
+
+
+def relative_error(module: torch.nn.Module, reference_w: torch.Tensor, rows: int) -> float:
+    k = reference_w.shape[1]
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+    expected = x.float() @ reference_w.T
+    if module.bias is not None:
+        expected += module.bias.float()
+    got = module(x).float()
+    assert got.shape == expected.shape and module(x).dtype == torch.bfloat16
+    return float((got - expected).norm() / expected.norm())
+
+
+def weight(n: int, k: int) -> torch.Tensor:
+    return torch.randn(n, k, device=CUDA) * 0.02
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 9])
+@pytest.mark.parametrize("group", [None, 32])
+def test_int8_matmul_matches_its_dequantized_weight(n, k, rows, group):
+    q, scales = formats.quantize_int8(weight(n, k), group)
+    bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
+    module = Int8Linear(q, scales, bias)
+    assert relative_error(module, formats.dequantize_int8(q, scales), rows) < TOLERANCE
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 9])
+@pytest.mark.parametrize("group,scale_dtype", [(128, torch.float16), (32, torch.float32)])
+def test_int4_matmul_matches_its_dequantized_weight(n, k, rows, group, scale_dtype):
+    q, scales, mins = formats.quantize_int4(weight(n, k), group, scale_dtype)
+    module = Int4Linear(q, scales, mins, None)
+    assert module.packed.numel() == n * k // 2  # two values per byte on the card
+    reference = formats.dequantize_int4(q, scales, mins)
+    assert relative_error(module, reference, rows) < TOLERANCE
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability() < (8, 9), reason="needs fp8")
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 9])
+def test_fp8_matmul_matches_its_dequantized_weight(n, k, rows):
+    q, scales = formats.quantize_fp8(weight(n, k))
+    module = Fp8Linear(q, scales, None)
+    assert relative_error(module, formats.dequantize_fp8(q, scales), rows) < TOLERANCE

@@ -1,0 +1,59 @@
+"""The weight formats: rounding stays within half a step, and packing is lossless."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kamado.surgery import formats
+
+
+@pytest.fixture
+def w() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(48, 256) * 0.02
+
+
+@pytest.mark.parametrize("group", [None, 32, 128])
+def test_int8_rounds_each_weight_to_its_nearest_step(w, group):
+    q, scales = formats.quantize_int8(w, group)
+    assert q.dtype == torch.int8 and scales.shape == (48, 256 // (group or 256))
+    step = scales.repeat_interleave(group or 256, dim=1)
+    assert ((formats.dequantize_int8(q, scales) - w).abs() <= step / 2 + 1e-7).all()
+
+
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_rounds_each_weight_to_its_nearest_step(w, group):
+    q, scales, mins = formats.quantize_int4(w, group, torch.float32)
+    assert q.max() <= 15 and scales.shape == mins.shape == (48, 256 // group)
+    step = scales.repeat_interleave(group, dim=1)
+    assert ((formats.dequantize_int4(q, scales, mins) - w).abs() <= step / 2 + 1e-7).all()
+
+
+def test_int4_scales_are_stored_rounded_and_q_uses_the_rounded_values(w):
+    q, scales, mins = formats.quantize_int4(w, 128, torch.float16)
+    assert scales.dtype == mins.dtype == torch.float16
+    # fp16 scales move the grid slightly; still within half a step plus the rounding
+    step = scales.float().repeat_interleave(128, dim=1)
+    assert ((formats.dequantize_int4(q, scales, mins) - w).abs() <= 0.51 * step + 1e-6).all()
+
+
+def test_fp8_keeps_three_mantissa_bits(w):
+    q, scales = formats.quantize_fp8(w)
+    assert q.dtype == torch.float8_e4m3fn
+    error = (formats.dequantize_fp8(q, scales) - w).abs()
+    # e4m3: relative spacing 2^-3, so rounding is within 2^-4 of the value (normals)
+    big = w.abs() > scales[:, None] * 2**-6
+    assert (error[big] <= w.abs()[big] * 2**-4 + 1e-9).all()
+
+
+def test_int4_packing_is_lossless():
+    q = torch.randint(0, 16, (5, 64), dtype=torch.uint8)
+    packed = formats.pack_int4(q)
+    assert packed.shape == (5, 32)
+    assert torch.equal(formats.unpack_int4(packed), q)
+
+
+def test_groups_must_divide_the_input_size(w):
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        formats.quantize_int8(w, 96)
