@@ -5,28 +5,34 @@ the token budget, paced so decodes are never frozen. A new sequence starts from 
 leading blocks the prefix cache holds for it. When KV blocks run out, the newest sequence
 is preempted: its blocks are freed (full ones stay cached) and it is recomputed later
 from its tokens.
+
+With speculation, a decoding sequence also carries the draft tokens the speculator
+planned for it, verified in the same step, where free blocks allow: a draft never
+preempts anyone. Blocks beyond the accepted tokens are given back after the step.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
 from kamado.kv.prefix_cache import PrefixCache
+from kamado.spec.speculator import Speculator
 
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new: int  # tokens computed this step
+    num_new: int  # tokens computed this step, drafts included
+    draft: list[int] = field(default_factory=list)  # verified after the sequence's tokens
 
     @property
     def samples(self) -> bool:
         """The step reaches the sequence's last token, so a next token is sampled."""
-        return self.num_new == self.seq.num_uncomputed
+        return self.num_new - len(self.draft) == self.seq.num_uncomputed
 
 
 class Scheduler:
@@ -38,6 +44,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         pacer: PrefillPacer,
+        speculator: Speculator | None = None,
     ) -> None:
         self.pool = pool
         self.prefix = prefix
@@ -45,6 +52,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pacer = pacer
+        self.speculator = speculator
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -62,7 +70,13 @@ class Scheduler:
         for seq in sorted(self._decoding(), key=lambda s: s.arrival):
             if seq.status is Status.RUNNING and self._reserve_or_preempt(seq, batch):
                 batch.append(ScheduledSeq(seq, 1))
-        budget = min(self.max_num_batched_tokens - len(batch), self.pacer.prefill_limit(len(batch)))
+        num_decodes = len(batch)
+        if self.speculator is not None and batch:
+            self._add_drafts(batch)
+        budget = min(
+            self.max_num_batched_tokens - sum(item.num_new for item in batch),
+            self.pacer.prefill_limit(num_decodes),
+        )
         for seq in self._prefilling():
             if budget <= 0:
                 break
@@ -97,6 +111,26 @@ class Scheduler:
             self.preempt(max(self.running, key=lambda s: s.arrival))
             return self.schedule()
         return batch
+
+    def _add_drafts(self, batch: list[ScheduledSeq]) -> None:
+        assert self.speculator is not None
+        room = self.max_num_batched_tokens - len(batch)
+        drafts = self.speculator.plan([item.seq for item in batch])
+        for item, draft in zip(batch, drafts, strict=True):
+            draft = draft[: max(room, 0)]
+            if draft and self._reserve(item.seq, 1 + len(draft)):
+                item.draft = draft
+                item.num_new += len(draft)
+                room -= len(draft)
+            elif draft:
+                self.speculator.drop(item.seq)
+
+    def trim(self, seq: Sequence) -> None:
+        """Give back blocks past the computed tokens (reserved for drafts that missed);
+        they hold no committed K/V, so they go straight back to the free list."""
+        keep = -(-seq.num_computed // self.block_size)
+        while len(seq.block_table) > keep:
+            self.pool.release(seq.block_table.pop())
 
     def _decoding(self) -> list[Sequence]:
         return [s for s in self.running if s.num_uncomputed == 1]
@@ -149,3 +183,5 @@ class Scheduler:
         seq.status = Status.FINISHED
         self.free(seq)
         self.prefix.end_turn(seq)
+        if self.speculator is not None:
+            self.speculator.finish(seq)
