@@ -8,7 +8,8 @@ from its tokens.
 
 With speculation, a decoding sequence also carries the draft tokens the speculator
 planned for it, verified in the same step, where free blocks allow: a draft never
-preempts anyone. Blocks beyond the accepted tokens are given back after the step.
+preempts anyone, and takes at most half the token budget left while prompts wait.
+Blocks beyond the accepted tokens are given back after the step.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class Scheduler:
     def _add_drafts(self, batch: list[ScheduledSeq]) -> None:
         assert self.speculator is not None
         room = self.max_num_batched_tokens - len(batch)
+        if self.waiting or self._prefilling():
+            room //= 2  # drafts leave waiting prompts at least half of the spare budget
         drafts = self.speculator.plan([item.seq for item in batch])
         for item, draft in zip(batch, drafts, strict=True):
             draft = draft[: max(room, 0)]
