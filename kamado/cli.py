@@ -38,6 +38,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="do not turn a reply that is only a JSON tool call into tool_calls",
     )
     p.add_argument(
+        "--speculation",
+        default="auto",
+        help="speculative decoding: auto (n-gram + suffix drafts, adaptive), off, ngram, "
+        "suffix, or draft:MODEL (a small model with the same tokenizer)",
+    )
+    p.add_argument(
+        "--spec-max-draft", type=int, default=8, help="most draft tokens per sequence and step"
+    )
+    p.add_argument(
         "--tool-call-format",
         default=None,
         choices=TOOL_FORMATS,
@@ -64,6 +73,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--gpu", action="store_true", help="CUDA decode/prefill against measured ceilings"
     )
+    p.add_argument("--spec", action="store_true", help="decode speed, speculation on vs off")
+    p.add_argument(
+        "--speculation", default="auto", help="--spec: the speculation mode to compare with off"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="--spec: runs of each task and mode")
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

@@ -58,6 +58,8 @@ def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_cache,
         kv_disk_dir=args.kv_disk_dir or str(kamado_home() / "kv-cache"),
         kv_disk_bytes=int(args.kv_disk_gb * GIB),
+        speculation=args.speculation,
+        spec_max_draft=args.spec_max_draft,
     )
 
 

@@ -73,7 +73,9 @@ def exact_distribution(model, temperature: float) -> dict[tuple[int, ...], float
             logits = model(torch.tensor([PROMPT + list(p) for p in prefixes])).logits[:, -1]
         step = torch.softmax(logits.double() / temperature, dim=-1)
         probs = {
-            p + (t,): probs[p] * float(step[i, t]) for i, p in enumerate(prefixes) for t in range(VOCAB)
+            p + (t,): probs[p] * float(step[i, t])
+            for i, p in enumerate(prefixes)
+            for t in range(VOCAB)
         }
     return probs
 
