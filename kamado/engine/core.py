@@ -83,9 +83,7 @@ class EngineCore:
             enabled=config.enable_prefix_caching,
         )
         self.pacer = PrefillPacer(config.decode_stall_factor, config.max_num_batched_tokens)
-        self.speculator = make_speculator(
-            config.speculation, config.spec_max_draft, self.max_model_len
-        )
+        self.speculator = make_speculator(config, self.max_model_len, self.model_config.vocab_size)
         self.scheduler = Scheduler(
             self.pool,
             self.prefix,
@@ -221,6 +219,7 @@ class EngineCore:
     # ---- the step ---------------------------------------------------------------------
 
     def step(self) -> list[TokenDelta]:
+        scheduling = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -236,7 +235,9 @@ class EngineCore:
         # gap the pacer keeps prefill chunks beside.
         self.pacer.observe(num_decodes, num_prefill, seconds)
         if self.speculator is not None and not num_prefill:
-            self.speculator.observe_step(num_decodes + num_drafted, seconds)
+            # Drafting (in schedule) counts too: a draft model's passes cost per token.
+            total = time.perf_counter() - scheduling
+            self.speculator.observe_step(num_decodes + num_drafted, total)
         for item in batch:
             forks_now = item.samples and item.seq.pending_forks
             before = item.seq.num_computed

@@ -131,9 +131,7 @@ class Scheduler:
     def trim(self, seq: Sequence) -> None:
         """Give back blocks past the computed tokens (reserved for drafts that missed);
         they hold no committed K/V, so they go straight back to the free list."""
-        keep = -(-seq.num_computed // self.block_size)
-        while len(seq.block_table) > keep:
-            self.pool.release(seq.block_table.pop())
+        self.pool.shrink(seq.block_table, seq.num_computed, self.block_size)
 
     def _decoding(self) -> list[Sequence]:
         return [s for s in self.running if s.num_uncomputed == 1]
@@ -141,18 +139,8 @@ class Scheduler:
     def _prefilling(self) -> list[Sequence]:
         return [s for s in self.running if s.num_uncomputed > 1]
 
-    def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
-        total = -(-(seq.num_computed + num_new) // self.block_size)
-        return max(0, total - len(seq.block_table))
-
     def _reserve(self, seq: Sequence, num_new: int) -> bool:
-        needed = self._blocks_needed(seq, num_new)
-        if needed > self.pool.num_free:
-            return False
-        for _ in range(needed):
-            last = seq.block_table[-1] if seq.block_table else None
-            seq.block_table.append(self.pool.allocate(after=last))
-        return True
+        return self.pool.grow(seq.block_table, seq.num_computed + num_new, self.block_size)
 
     def _reserve_or_preempt(self, seq: Sequence, batch: list[ScheduledSeq]) -> bool:
         """Find a block for one more token of `seq`, preempting newer sequences if needed."""

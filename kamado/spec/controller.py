@@ -24,6 +24,7 @@ rises and speculation shrinks, and it turns off where it would not pay.
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -118,6 +119,20 @@ class Controller:
         missed = accepted < min(len(draft), len(emitted))
         seq_rates.by_proposer.setdefault(proposer, Rate()).add(accepted, missed, SEQ_DECAY)
         self.global_rates.setdefault(proposer, Rate()).add(accepted, missed, GLOBAL_DECAY)
+
+    def useful_length(self, rate: float, batch_size: int) -> int:
+        """The longest draft the controller could verify for a sequence accepted at `rate`
+        in a step of `batch_size` decodes (the bar rises as drafts are added, so this is
+        an upper bound)."""
+        fixed, per_token = self.cost.model()
+        bar = per_token * batch_size / (fixed + per_token * batch_size)
+        if rate <= bar:
+            return 0
+        if rate >= 1.0:
+            return self.max_draft
+        return min(
+            self.max_draft, int(math.log(bar) / math.log(rate)) if bar > 0 else self.max_draft
+        )
 
     def draft_lengths(self, batch_size: int, candidates: list[Candidate | None]) -> list[int]:
         """Draft tokens to verify for each of a step's `batch_size` decoding sequences

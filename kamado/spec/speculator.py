@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kamado.config import EngineConfig
 from kamado.spec.controller import Candidate, Controller, SeqRates
 from kamado.spec.proposer import Proposer
 
@@ -50,7 +51,7 @@ class Speculator:
 
     def plan(self, seqs: list[Sequence]) -> list[list[int]]:
         """Draft tokens to verify after each decoding sequence's last token this step."""
-        best = [self._best_draft(seq) for seq in seqs]
+        best = [self._best_draft(seq, len(seqs)) for seq in seqs]
         lengths = self.controller.draft_lengths(len(seqs), best)
         drafts = []
         for seq, candidate, n in zip(seqs, best, lengths, strict=True):
@@ -58,10 +59,12 @@ class Speculator:
             drafts.append(candidate.draft[:n] if candidate and n else [])
         return drafts
 
-    def _best_draft(self, seq: Sequence) -> Candidate | None:
+    def _best_draft(self, seq: Sequence, batch_size: int) -> Candidate | None:
         state = self._seqs.setdefault(seq, _SeqSpec())
         state.drafts = {}
-        limit = min(self.max_draft, self._room(seq))
+        rates = {p.name: self.controller.rate(state.rates, p.name) for p in self.proposers}
+        # No proposer is asked for more than the best of them could be verified for.
+        limit = min(self.controller.useful_length(max(rates.values()), batch_size), self._room(seq))
         if limit <= 0:
             return None
         best, best_gain = None, 0.0
@@ -70,7 +73,7 @@ class Speculator:
             if not draft:
                 continue
             state.drafts[proposer.name] = draft
-            rate = self.controller.rate(state.rates, proposer.name)
+            rate = rates[proposer.name]
             gain = sum(rate**j for j in range(1, len(draft) + 1))
             if gain > best_gain:
                 best, best_gain = Candidate(draft, rate, proposer.name), gain
@@ -113,19 +116,29 @@ class Speculator:
             proposer.finish(seq)
 
 
-def make_speculator(mode: str, max_draft: int, max_model_len: int) -> Speculator | None:
-    """The speculator for `EngineConfig.speculation`, or None when it is off."""
+def make_speculator(config: EngineConfig, max_model_len: int, vocab_size: int) -> Speculator | None:
+    """The speculator for `config.speculation`, or None when it is off."""
     from kamado.spec.ngram import NgramProposer
     from kamado.spec.suffix import SuffixProposer
 
-    proposers: dict[str, list[Proposer]] = {
-        "off": [],
-        "auto": [NgramProposer(), SuffixProposer()],
-        "ngram": [NgramProposer()],
-        "suffix": [SuffixProposer()],
-    }
-    if mode not in proposers:
-        raise ValueError(f"speculation must be one of {', '.join(proposers)}; got {mode!r}")
-    if not proposers[mode] or max_draft <= 0:
+    mode = config.speculation
+    proposers: list[Proposer]
+    if mode.startswith("draft:"):
+        from kamado.spec.draft_model import DraftModelProposer
+
+        proposers = [DraftModelProposer(config, mode.removeprefix("draft:"), vocab_size)]
+    else:
+        choices: dict[str, list[Proposer]] = {
+            "off": [],
+            "auto": [NgramProposer(), SuffixProposer()],
+            "ngram": [NgramProposer()],
+            "suffix": [SuffixProposer()],
+        }
+        if mode not in choices:
+            raise ValueError(
+                f"speculation must be one of {', '.join(choices)} or draft:MODEL; got {mode!r}"
+            )
+        proposers = choices[mode]
+    if not proposers or config.spec_max_draft <= 0:
         return None
-    return Speculator(proposers[mode], max_draft, max_model_len)
+    return Speculator(proposers, config.spec_max_draft, max_model_len)
