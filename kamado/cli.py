@@ -77,6 +77,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--speculation", default="auto", help="--spec: the speculation mode to compare with off"
     )
+    p.add_argument(
+        "--spec-verify",
+        action="store_true",
+        help="cost of verifying k draft tokens beside a plain decode step (GPU, or tiny on CPU)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="--spec: runs of each task and mode")
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)

@@ -28,6 +28,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         write_results(args.out, "spec", results)
         return 0
+    if args.spec_verify:
+        from kamado.bench.spec_verify import run_spec_verify
+
+        model = (args.model or ["synthetic:qwen3-8b-128k"])[0]
+        results = run_spec_verify(model, context=args.prompt_len or 1024)
+        write_results(args.out, "spec-verify", results)
+        return 0
     if args.structured:
         from kamado.bench.structured import run_structured
 
