@@ -237,7 +237,7 @@ class EngineCore:
         if self.speculator is not None and not num_prefill:
             # Drafting (in schedule) counts too: a draft model's passes cost per token.
             total = time.perf_counter() - scheduling
-            self.speculator.observe_step(num_decodes + num_drafted, total)
+            self.speculator.observe_step(num_decodes + num_drafted, num_drafted, total)
         for item in batch:
             forks_now = item.samples and item.seq.pending_forks
             before = item.seq.num_computed

@@ -10,15 +10,19 @@ step emits, the chosen one's and the others', with or without verification, so a
 proposer (or a sequence) that stopped drafting keeps being measured and comes back when
 its drafts would be accepted again.
 
-Cost: a decode/verify step takes `fixed + per_token * tokens` seconds, fitted over recent
-steps without prefill (on CPU per-token cost is a large share; on a GPU a step is
-bandwidth-bound and extra tokens are nearly free until the batch is large).
+Cost: a step without prefill takes `fixed + per_token * tokens` seconds, plus `extra`
+when it verifies drafts, all fitted over recent steps. `extra` is what taking the
+verification path costs at all: on CUDA a plain decode step replays a CUDA graph while a
+verification runs eagerly, about 3x the time of a graph step for an 8B model on the H200
+whatever k is (bench/results/2026-11-30-spec-verify-h200.json); on CPU both paths are
+the same and `extra` is about zero, while per-token cost is a large share.
 
 Choice: the expected tokens per second of a step, (B + sum of expected accepted) /
-(fixed + per_token * (B + sum of draft lengths)), grows by adding the draft position with
-the largest gain r**j as long as r**j > per_token * (current tokens per second). Adding
-them greedily in that order maximises the expected rate; as the batch B grows the bar
-rises and speculation shrinks, and it turns off where it would not pay.
+(fixed + extra + per_token * (B + sum of draft lengths)), grows by adding the draft
+position with the largest gain r**j as long as r**j > per_token * (current tokens per
+second). Adding them greedily in that order maximises the expected rate; the result is
+then kept only if it beats a plain step's B / (fixed + per_token * B). As the batch B
+grows the bar rises and speculation shrinks, and it turns off where it would not pay.
 """
 
 from __future__ import annotations
@@ -33,9 +37,9 @@ PRIOR_RATE = 0.5  # acceptance assumed for a proposer never measured
 PRIOR_WEIGHT = 2.0  # pseudo-trials the prior counts for, per sequence
 SEQ_DECAY = 0.8  # weight kept by a sequence's counts per step
 GLOBAL_DECAY = 0.995
-# per_token / fixed until the step cost has been fitted. The H200 figure
-# (bench/results/2026-11-30-spec-verify-h200.json) is far lower; CPUs are higher.
-PRIOR_TOKEN_SHARE = 0.05
+# Until the step cost is fitted: per_token / fixed and extra / fixed, by device type. CUDA
+# from the H200 measurement above (8B shapes, batch 1-16); CPU from a 2-core machine.
+PRIORS = {"cuda": (0.005, 2.2), "cpu": (0.05, 0.0)}
 COST_WINDOW = 64
 MIN_COST_SAMPLES = 8
 
@@ -64,24 +68,49 @@ class Candidate:
     proposer: str
 
 
+@dataclass
+class CostModel:
+    fixed: float  # seconds of a step of no tokens (relative units from the priors)
+    per_token: float  # seconds per token
+    extra: float  # seconds more when the step verifies drafts
+
+    def seconds(self, tokens: float, verifies: bool) -> float:
+        return self.fixed + self.per_token * tokens + (self.extra if verifies else 0.0)
+
+
 class StepCost:
-    """Fits step seconds = fixed + per_token * tokens over recent decode/verify steps."""
+    """Fits the cost model over recent steps: plain steps give `fixed` and `per_token`,
+    verification steps what they cost beyond that line. Each line is fitted on the median
+    time per token count, so a step slowed by something else on the machine does not
+    tilt it."""
 
-    def __init__(self) -> None:
-        self._steps: deque[tuple[int, float]] = deque(maxlen=COST_WINDOW)
+    def __init__(self, device: str = "cpu") -> None:
+        self.token_share, self.extra_share = PRIORS["cuda" if device.startswith("cuda") else "cpu"]
+        self._plain: deque[tuple[int, float]] = deque(maxlen=COST_WINDOW)
+        self._verify: deque[tuple[int, float]] = deque(maxlen=COST_WINDOW)
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
-        self._steps.append((num_tokens, seconds))
+    def observe(self, num_tokens: int, num_drafted: int, seconds: float) -> None:
+        (self._verify if num_drafted else self._plain).append((num_tokens, seconds))
 
-    def model(self) -> tuple[float, float]:
-        """(fixed s, per-token s); relative units from the prior until fitted.
+    def model(self) -> CostModel:
+        plain, verify = self._line(self._plain), self._line(self._verify)
+        if plain is not None:
+            fixed, per_token = plain
+            if verify is None:
+                return CostModel(fixed, per_token, self.extra_share * fixed)
+            extra = statistics.median(s - fixed - per_token * t for t, s in self._verify)
+            return CostModel(fixed, per_token, max(extra, 0.0))
+        if verify is not None:  # always verifying: split the intercept by the prior
+            intercept, per_token = verify
+            fixed = intercept / (1 + self.extra_share)
+            return CostModel(fixed, per_token, intercept - fixed)
+        return CostModel(1.0, self.token_share, self.extra_share)
 
-        Fitted on the median time of each token count, so a step slowed by something
-        else on the machine does not tilt the line."""
-        if len(self._steps) < MIN_COST_SAMPLES:
-            return 1.0, PRIOR_TOKEN_SHARE
+    def _line(self, steps: deque[tuple[int, float]]) -> tuple[float, float] | None:
+        if len(steps) < MIN_COST_SAMPLES:
+            return None
         by_tokens: dict[int, list[float]] = {}
-        for tokens, seconds in self._steps:
+        for tokens, seconds in steps:
             by_tokens.setdefault(tokens, []).append(seconds)
         if len(by_tokens) > 1:
             counts = list(by_tokens)
@@ -89,8 +118,8 @@ class StepCost:
             slope, intercept = statistics.linear_regression(counts, medians)
             if slope > 0 and intercept > 0:
                 return intercept, slope
-        fixed = statistics.median(s / (1 + PRIOR_TOKEN_SHARE * t) for t, s in self._steps)
-        return fixed, fixed * PRIOR_TOKEN_SHARE
+        fixed = statistics.median(s / (1 + self.token_share * t) for t, s in steps)
+        return fixed, fixed * self.token_share
 
 
 @dataclass
@@ -99,9 +128,9 @@ class SeqRates:
 
 
 class Controller:
-    def __init__(self, max_draft: int) -> None:
+    def __init__(self, max_draft: int, device: str = "cpu") -> None:
         self.max_draft = max_draft
-        self.cost = StepCost()
+        self.cost = StepCost(device)
         self.global_rates: dict[str, Rate] = {}
 
     def rate(self, seq_rates: SeqRates, proposer: str) -> float:
@@ -122,22 +151,19 @@ class Controller:
 
     def useful_length(self, rate: float, batch_size: int) -> int:
         """The longest draft the controller could verify for a sequence accepted at `rate`
-        in a step of `batch_size` decodes (the bar rises as drafts are added, so this is
-        an upper bound)."""
-        fixed, per_token = self.cost.model()
-        bar = per_token * batch_size / (fixed + per_token * batch_size)
+        in a step of `batch_size` decodes (the bar only rises as drafts are added)."""
+        cost = self.cost.model()
+        bar = cost.per_token * batch_size / cost.seconds(batch_size, verifies=True)
         if rate <= bar:
             return 0
-        if rate >= 1.0:
+        if rate >= 1.0 or bar <= 0.0:
             return self.max_draft
-        return min(
-            self.max_draft, int(math.log(bar) / math.log(rate)) if bar > 0 else self.max_draft
-        )
+        return min(self.max_draft, int(math.log(bar) / math.log(rate)))
 
     def draft_lengths(self, batch_size: int, candidates: list[Candidate | None]) -> list[int]:
         """Draft tokens to verify for each of a step's `batch_size` decoding sequences
         (`candidates` lists those that have a draft, None for the rest)."""
-        fixed, per_token = self.cost.model()
+        cost = self.cost.model()
         lengths = [0] * len(candidates)
         tokens, expected = float(batch_size), float(batch_size)
         # Gains r**j, largest first; each sequence offers its next position after the last.
@@ -146,7 +172,7 @@ class Controller:
         while heap:
             neg_gain, i, j = heapq.heappop(heap)
             gain = -neg_gain
-            if gain <= per_token * expected / (fixed + per_token * tokens):
+            if gain <= cost.per_token * expected / cost.seconds(tokens, verifies=True):
                 break
             lengths[i] = j
             tokens += 1
@@ -155,4 +181,7 @@ class Controller:
             assert candidate is not None
             if j < min(len(candidate.draft), self.max_draft):
                 heapq.heappush(heap, (-(gain * candidate.rate), i, j + 1))
+        plain_rate = batch_size / cost.seconds(batch_size, verifies=False)
+        if expected / cost.seconds(tokens, verifies=True) <= plain_rate:
+            return [0] * len(candidates)
         return lengths

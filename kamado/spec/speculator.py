@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from kamado.engine.sequence import Sequence
 
 
+PROBE_EVERY = 4  # steps between one-token probes of a sequence not worth drafting for
+
+
 @dataclass
 class SpecStats:
     """Per proposer: tokens drafted, drafted tokens accepted, drafts verified."""
@@ -38,12 +41,15 @@ class _SeqSpec:
     rates: SeqRates = field(default_factory=SeqRates)
     drafts: dict[str, list[int]] = field(default_factory=dict)  # this step's, by proposer
     proposer: str | None = None  # whose draft is being verified this step
+    idle: int = 0  # steps since the controller last wanted drafts for it
 
 
 class Speculator:
-    def __init__(self, proposers: list[Proposer], max_draft: int, max_model_len: int) -> None:
+    def __init__(
+        self, proposers: list[Proposer], max_draft: int, max_model_len: int, device: str = "cpu"
+    ) -> None:
         self.proposers = proposers
-        self.controller = Controller(max_draft)
+        self.controller = Controller(max_draft, device)
         self.max_draft = max_draft
         self.max_model_len = max_model_len
         self.stats = SpecStats()
@@ -63,8 +69,13 @@ class Speculator:
         state = self._seqs.setdefault(seq, _SeqSpec())
         state.drafts = {}
         rates = {p.name: self.controller.rate(state.rates, p.name) for p in self.proposers}
-        # No proposer is asked for more than the best of them could be verified for.
-        limit = min(self.controller.useful_length(max(rates.values()), batch_size), self._room(seq))
+        # No proposer is asked for more than the best of them could be verified for; when
+        # that is nothing, a one-token draft now and then keeps measuring them.
+        limit = self.controller.useful_length(max(rates.values()), batch_size)
+        state.idle = 0 if limit else state.idle + 1
+        if not limit and state.idle % PROBE_EVERY == 0:
+            limit = 1
+        limit = min(limit, self._room(seq))
         if limit <= 0:
             return None
         best, best_gain = None, 0.0
@@ -106,9 +117,9 @@ class Speculator:
             self.stats.add(state.proposer, num_drafted, len(emitted) - 1)
         state.drafts = {}
 
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
+    def observe_step(self, num_tokens: int, num_drafted: int, seconds: float) -> None:
         """A step of decodes and verifications only: what its tokens cost."""
-        self.controller.cost.observe(num_tokens, seconds)
+        self.controller.cost.observe(num_tokens, num_drafted, seconds)
 
     def finish(self, seq: Sequence) -> None:
         self._seqs.pop(seq, None)
@@ -141,4 +152,4 @@ def make_speculator(config: EngineConfig, max_model_len: int, vocab_size: int) -
         proposers = choices[mode]
     if not proposers or config.spec_max_draft <= 0:
         return None
-    return Speculator(proposers, config.spec_max_draft, max_model_len)
+    return Speculator(proposers, config.spec_max_draft, max_model_len, config.device)

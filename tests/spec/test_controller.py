@@ -5,10 +5,13 @@ import random
 from kamado.spec.controller import Candidate, Controller, Rate, SeqRates, StepCost
 
 
-def controller_with_cost(fixed: float, per_token: float) -> Controller:
+def controller_with_cost(fixed: float, per_token: float, extra: float = 0.0) -> Controller:
+    """Step times measured on a machine where plain steps cost fixed + per_token * tokens
+    and verification steps `extra` more."""
     c = Controller(max_draft=16)
-    for tokens in (1, 2, 4, 8, 16, 32) * 3:
-        c.cost.observe(tokens, fixed + per_token * tokens)
+    for batch in (1, 2, 4, 8, 16, 32) * 3:
+        c.cost.observe(batch, 0, fixed + per_token * batch)
+        c.cost.observe(2 * batch, batch, fixed + per_token * 2 * batch + extra)
     return c
 
 
@@ -33,6 +36,16 @@ def test_speculation_shrinks_and_turns_off_as_the_batch_grows():
 def test_no_speculation_where_a_token_costs_as_much_as_the_step():
     c = controller_with_cost(fixed=0.0001, per_token=0.01)  # compute-bound: no free tokens
     assert c.draft_lengths(1, [Candidate(list(range(8)), 0.6, "x")]) == [0]
+
+
+def test_a_costly_verification_path_needs_long_accepted_drafts():
+    # GPU-like: plain steps replay a graph, a verification step costs 2.2x one at any k.
+    c = controller_with_cost(fixed=0.0055, per_token=0.00002, extra=0.012)
+    cost = c.cost.model()
+    assert abs(cost.extra - 0.012) < 1e-4 and abs(cost.fixed - 0.0055) < 1e-4
+    draft = list(range(16))
+    assert c.draft_lengths(1, [Candidate(draft, 0.6, "x")]) == [0]  # ~1.5 tokens: no gain
+    assert c.draft_lengths(1, [Candidate(draft, 0.95, "x")]) == [16]
 
 
 def test_the_better_accepted_sequence_gets_the_longer_draft():
@@ -72,6 +85,6 @@ def test_step_cost_fit_ignores_steps_slowed_by_something_else():
         seconds = 0.05 + 0.004 * tokens
         if rng.random() < 0.15:
             seconds *= 10  # another process took the CPU for this step
-        cost.observe(tokens, seconds)
-    fixed, per_token = cost.model()
-    assert abs(fixed - 0.05) < 0.005 and abs(per_token - 0.004) < 0.001
+        cost.observe(tokens, 0, seconds)
+    model = cost.model()
+    assert abs(model.fixed - 0.05) < 0.005 and abs(model.per_token - 0.004) < 0.001

@@ -47,9 +47,9 @@ def speculating_engine(path):
     engine.speculator.proposers = [RepeatLast()]
     # Verify every draft whatever the measured costs: the test is about what verification
     # emits, not about when it pays.
-    engine.speculator.controller.draft_lengths = lambda batch, cands: [
-        len(c.draft) if c else 0 for c in cands
-    ]
+    controller = engine.speculator.controller
+    controller.useful_length = lambda rate, batch: controller.max_draft
+    controller.draft_lengths = lambda batch, cands: [len(c.draft) if c else 0 for c in cands]
     return engine
 
 
