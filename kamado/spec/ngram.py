@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kamado.engine.sequence import Sequence
 
 _BITS = 20  # token ids below 2**20 pack into one int key per n-gram
+INDEX_PER_CALL = 4096  # positions indexed per call at most
 
 
 class _Index:
@@ -44,11 +45,14 @@ class NgramProposer:
         index = self._indexes.setdefault(seq, _Index(self.sizes))
         # Index every n-gram except the one ending at the last token: that is the query,
         # and its own occurrence must not answer it.
-        for end in range(max(index.indexed, 1), len(tokens)):
+        # A long new prompt is indexed over several steps (a bounded cost per step); what
+        # is indexed already still answers.
+        stop = min(len(tokens), max(index.indexed, 1) + INDEX_PER_CALL)
+        for end in range(max(index.indexed, 1), stop):
             for n, after in index.after.items():
                 if end >= n:
                     after[_key(tokens, end, n)] = end
-        index.indexed = max(index.indexed, len(tokens))
+        index.indexed = max(index.indexed, stop)
         for n, after in index.after.items():
             if len(tokens) > n and (start := after.get(_key(tokens, len(tokens), n))) is not None:
                 return copy_forward(tokens, start, k)

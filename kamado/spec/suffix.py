@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 ALPHA = 2.0  # draft tokens allowed per matched token
 MIN_MATCH = 2  # a single repeated token says little about what follows it
+EXTEND_PER_CALL = 4096  # tokens added to a request's own automaton per call at most
 MATCHER_WARMUP = 64  # tokens a fresh matcher reads to find the current match
 GLOBAL_TOKENS = 1 << 16  # recent outputs of all requests
 SESSION_TOKENS = 1 << 14  # earlier outputs of one session
@@ -94,11 +95,14 @@ class SuffixProposer:
     def propose(self, seq: Sequence, k: int) -> list[int]:
         state = self._states.setdefault(seq, _SeqState())
         tokens = seq.token_ids
-        for token in tokens[len(state.own.tokens) :]:
+        # A long new prompt enters the automaton over several steps (a bounded cost per
+        # step); until it is in, the request's own tokens are not searched.
+        built = len(state.own.tokens)
+        for token in tokens[built : built + EXTEND_PER_CALL]:
             state.own.extend(token)
         best_len, best = 0, []
         length, end = state.own.longest_repeat()
-        if length >= MIN_MATCH:
+        if len(state.own.tokens) == len(tokens) and length >= MIN_MATCH:
             best_len, best = length, copy_forward(tokens, end + 1, k)
         for store in self._stores_for(seq):
             length, end = self._walk(state, store, tokens).match()

@@ -71,3 +71,19 @@ def test_an_output_store_keeps_its_newest_outputs_within_its_capacity():
     assert store.outputs[-1] == [105] * 5
     assert len(store.automaton.tokens) <= 20
     assert store.generation > 0
+
+
+def test_a_long_context_is_indexed_over_several_calls(monkeypatch):
+    import kamado.spec.ngram as ngram
+    import kamado.spec.suffix as suffix
+
+    monkeypatch.setattr(ngram, "INDEX_PER_CALL", 8)
+    monkeypatch.setattr(suffix, "EXTEND_PER_CALL", 8)
+    tokens = [*range(100, 120), 1, 2, 3, *range(120, 130), 1, 2]
+    s = seq(tokens)
+    ngrams, suffixes = ngram.NgramProposer(sizes=(2,)), suffix.SuffixProposer()
+    assert ngrams.propose(s, 2) == [] and suffixes.propose(s, 2) == []  # not indexed yet
+    for _ in range(4):
+        ngrams.propose(s, 2)
+        suffixes.propose(s, 2)
+    assert ngrams.propose(s, 2) == [3, 120] and suffixes.propose(s, 2) == [3, 120]
