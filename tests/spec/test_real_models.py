@@ -37,3 +37,18 @@ def test_greedy_output_is_unchanged_by_every_proposer(smollm2_path):
         on, llm = outputs(smollm2_path, proposer, PROMPTS)
         assert on == off, proposer
         assert sum(llm.engine.snapshot().spec_accepted_tokens.values()) > NEW_TOKENS // 2
+
+
+def test_a_stop_string_inside_a_step_s_tokens_cuts_text_and_tokens_alike(smollm2_path):
+    """Several tokens arrive per step; those after the one that completed the stop string
+    are not part of the output (token ids, text and usage match speculation off)."""
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, stop=["rows"])
+    results = {}
+    for speculation in ("off", "auto"):
+        llm = LLM(
+            str(smollm2_path), dtype="float32", kv_cache_bytes=64 << 20, speculation=speculation
+        )
+        out = llm.generate(PROMPTS[1], params)[0].outputs[0]
+        results[speculation] = (out.text, out.token_ids, out.finish_reason)
+    assert results["auto"] == results["off"]
+    assert results["off"][2] == "stop"
