@@ -6,6 +6,10 @@ and what a chunk adds to it. That extra time is modelled as a fixed part (a chun
 every matmul taller and adds its own attention calls, whatever its size) plus a part per
 token (which grows with the context the chunk attends to), fitted over recent steps. The
 next chunk is sized so the fitted cost plus the fit's typical error stays in the slack.
+
+With speculation, a decode's draft tokens belong to the decode side: a step of decodes
+and verifications is a decode-only step (the normal gap of a stream that speculates), and
+only prompt tokens count as prefill, so verification never passes for prefill work.
 """
 
 from __future__ import annotations

@@ -50,7 +50,6 @@ class Speculator:
     ) -> None:
         self.proposers = proposers
         self.controller = Controller(max_draft, device)
-        self.max_draft = max_draft
         self.max_model_len = max_model_len
         self.stats = SpecStats()
         self._seqs: dict[Sequence, _SeqSpec] = {}
