@@ -34,6 +34,8 @@ class SpecRun:
     tokens: int  # generated, over all the task's requests
     decode_s: float
     decode_tok_s: float
+    decode_steps: int  # forward passes after the first token: load-independent
+    tokens_per_step: float
     drafted: int
     accepted: int
     outputs: list[list[int]]
@@ -98,15 +100,19 @@ def _prompts(tokenizer: Any, gen_len: int) -> dict[str, list[list[int]]]:
     return prompts
 
 
-def _run(engine: EngineCore, prompts: list[list[int]], gen_len: int) -> tuple[int, float, list]:
-    """Generate for each prompt in turn; (tokens, decode seconds, outputs)."""
-    tokens, seconds, outputs = 0, 0.0, []
+def _run(
+    engine: EngineCore, prompts: list[list[int]], gen_len: int
+) -> tuple[int, float, int, list]:
+    """Generate for each prompt in turn; (tokens, decode seconds, decode steps, outputs)."""
+    tokens, seconds, steps, outputs = 0, 0.0, 0, []
     for i, prompt in enumerate(prompts):
         engine.add_request(f"p{i}", prompt, SamplingParams(temperature=0.0, max_tokens=gen_len))
         out: list[int] = []
         first = None
         while engine.has_work():
-            for delta in engine.step():
+            deltas = engine.step()
+            steps += first is not None
+            for delta in deltas:
                 if first is None and delta.new_token_ids:
                     first = time.perf_counter()
                 out.extend(delta.new_token_ids)
@@ -114,7 +120,7 @@ def _run(engine: EngineCore, prompts: list[list[int]], gen_len: int) -> tuple[in
         seconds += time.perf_counter() - first
         tokens += len(out) - 1
         outputs.append(out)
-    return tokens, seconds, outputs
+    return tokens, seconds, steps, outputs
 
 
 def _accepted(engine: EngineCore) -> tuple[int, int]:
@@ -138,16 +144,16 @@ def run_spec_bench(
         for task, task_prompts in prompts.items():
             for mode, engine in engines.items():
                 before = _accepted(engine)
-                tokens, seconds, outputs = _run(engine, task_prompts, gen_len)
+                tokens, seconds, steps, outputs = _run(engine, task_prompts, gen_len)
                 after = _accepted(engine)
                 run = SpecRun(
-                    task, mode, repeat, tokens, seconds, tokens / seconds,
-                    after[0] - before[0], after[1] - before[1], outputs,
+                    task, mode, repeat, tokens, seconds, tokens / seconds, steps,
+                    tokens / steps, after[0] - before[0], after[1] - before[1], outputs,
                 )  # fmt: skip
                 runs.append(run)
                 print(
                     f"{task:5s} r{repeat} {mode:5s}: {run.decode_tok_s:6.1f} tok/s over "
-                    f"{tokens} tokens, accepted {run.accepted}/{run.drafted} drafted",
+                    f"{tokens} tokens in {steps} steps, accepted {run.accepted}/{run.drafted}",
                     flush=True,
                 )
     summary = _summary(runs, speculation)
@@ -176,6 +182,12 @@ def _summary(runs: list[SpecRun], speculation: str) -> dict[str, Any]:
             "on_tok_s_median": statistics.median(r.decode_tok_s for r in on),
             "off_tok_s_median": statistics.median(r.decode_tok_s for r in off),
             "acceptance_rate": accepted / drafted if drafted else 0.0,
+            # Seconds per step on / off: what verification costs here, load drift included.
+            "step_cost_ratio": statistics.median(
+                (a.decode_s / a.decode_steps) / (b.decode_s / b.decode_steps)
+                for a, b in zip(on, off, strict=True)
+            ),
+            "tokens_per_step": sum(r.tokens for r in on) / sum(r.decode_steps for r in on),
             "accepted_per_token": accepted / sum(r.tokens for r in on),
             "identical_outputs": all(a.outputs == b.outputs for a, b in zip(on, off, strict=True)),
             "target": target,
@@ -183,6 +195,7 @@ def _summary(runs: list[SpecRun], speculation: str) -> dict[str, Any]:
         s = summary[task]
         print(
             f"  {task:5s}: {s['speedup_median']:.2f}x (target >= {target}), "
-            f"acceptance {s['acceptance_rate']:.2f}, identical outputs: {s['identical_outputs']}"
+            f"{s['tokens_per_step']:.2f} tokens/step at {s['step_cost_ratio']:.2f}x the step "
+            f"time, acceptance {s['acceptance_rate']:.2f}, identical: {s['identical_outputs']}"
         )
     return summary
