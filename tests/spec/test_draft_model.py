@@ -4,7 +4,7 @@ import pytest
 
 from kamado.engine.sampling_params import SamplingParams
 from tests.engine.conftest import make_engine, run
-from tests.spec.test_greedy_identity import repetitive_requests, spec_stats
+from tests.spec.test_greedy_identity import repetitive_requests, spec_stats, speculating
 from tests.tiny_models import save_tiny_hf_model
 
 
@@ -28,7 +28,7 @@ def test_greedy_tokens_are_the_same_with_another_model_drafting(tiny_models, nea
     draft = near_copy
     requests = repetitive_requests()
     off = run(make_engine(target, speculation="off", **options), requests)
-    engine = make_engine(target, speculation=f"draft:{draft}", **options)
+    engine = speculating(target, speculation=f"draft:{draft}", **options)
     assert run(engine, requests) == off
     drafted, accepted = spec_stats(engine)
     assert 0 < accepted < drafted  # both outcomes happened, so rollbacks did too
