@@ -78,6 +78,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="load-time surgery, comma-separated: fuse int8 int4 fp8 gguf kv-fp8 kv-int8",
     )
     p.add_argument(
+        "--speculation",
+        default="auto",
+        help="speculative decoding: auto (n-gram + suffix drafts, adaptive), off, ngram, "
+        "suffix, or draft:MODEL (a small model with the same tokenizer)",
+    )
+    p.add_argument(
+        "--spec-max-draft", type=int, default=8, help="most draft tokens per sequence and step"
+    )
+    p.add_argument(
         "--tool-call-format",
         default=None,
         choices=TOOL_FORMATS,
@@ -126,6 +135,16 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         action="append",
         help="with --gpu: batch-1 decode per surgery variant beside bf16 (repeatable)",
     )
+    p.add_argument("--spec", action="store_true", help="decode speed, speculation on vs off")
+    p.add_argument(
+        "--speculation", default="auto", help="--spec: the speculation mode to compare with off"
+    )
+    p.add_argument(
+        "--spec-verify",
+        action="store_true",
+        help="cost of verifying k draft tokens beside a plain decode step (GPU, or tiny on CPU)",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="--spec: runs of each task and mode")
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

@@ -94,4 +94,9 @@ class EngineConfig:
     kv_disk_dir: str | None = None
     kv_disk_bytes: int = 8 << 30
     seed: int = 0
+    # Speculative decoding: "auto" (n-gram and suffix drafts, sized by the adaptive
+    # controller, which turns them off where verification does not pay), "off", "ngram",
+    # "suffix", or "draft:MODEL" (a small model sharing the target's tokenizer).
+    speculation: str = "auto"
+    spec_max_draft: int = 8  # most draft tokens one sequence verifies per step
     extra: dict = field(default_factory=dict)

@@ -1,6 +1,6 @@
-"""`kamado bench`: throughput beside transformers, decode fairness beside a long prefill, or
-constrained vs unconstrained decoding. `kamado replay`: agent traces, written or replayed
-against a server."""
+"""`kamado bench`: throughput beside transformers, decode fairness beside a long prefill,
+constrained vs unconstrained decoding, or speculation on vs off. `kamado replay`: agent
+traces, written or replayed against a server."""
 
 from __future__ import annotations
 
@@ -19,6 +19,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
         model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
         results = run_fairness(model, args.dtype, args.prompt_len or 16384, not args.no_peer)
         write_results(args.out, "fairness", results)
+        return 0
+    if args.spec:
+        from kamado.bench.spec import run_spec_bench
+
+        model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
+        results = run_spec_bench(
+            model, args.dtype, args.gen_len or 256, args.speculation, args.repeats
+        )
+        write_results(args.out, "spec", results)
+        return 0
+    if args.spec_verify:
+        from kamado.bench.spec_verify import run_spec_verify
+
+        model = (args.model or ["synthetic:qwen3-8b-128k"])[0]
+        results = run_spec_verify(model, context=args.prompt_len or 1024)
+        write_results(args.out, "spec-verify", results)
         return 0
     if args.structured:
         from kamado.bench.structured import run_structured

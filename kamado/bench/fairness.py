@@ -141,6 +141,8 @@ def run_fairness(model: str, dtype: str, prompt_len: int, compare: bool = True) 
         # Each step carries at least one prompt token, so the streams grow by at most
         # about the prompt's length while it is prefilled.
         config.max_model_len = 2 * prompt_len + 1024
+        # Gaps are per token: speculation's several tokens a step would blur what pacing does.
+        config.speculation = "off"
         engine = EngineCore(config)
         r = measure(engine, model, label, prompt_len)
         print(

@@ -10,15 +10,15 @@ import gc
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kamado.config import EngineConfig, ModelConfig
 from kamado.engine.cpu_threads import DEFAULT_THREADS, ThreadGovernor
 from kamado.engine.model_loading import kv_fingerprint, load_for_engine
-from kamado.engine.model_runner import ModelRunner
-from kamado.engine.outputs import TokenDelta, TokenLogprob
+from kamado.engine.model_runner import ModelRunner, Verified
+from kamado.engine.outputs import TokenDelta
 from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import Scheduler
@@ -27,6 +27,7 @@ from kamado.kv.block_pool import BlockPool
 from kamado.kv.cache import bytes_per_block
 from kamado.kv.disk_tier import DiskTier
 from kamado.kv.prefix_cache import PrefixCache
+from kamado.spec.speculator import make_speculator
 from kamado.structured.constraint import ConstraintError
 from kamado.structured.guide import Guides
 from kamado.surgery.kv import with_kv_surgery
@@ -64,6 +65,10 @@ class EngineStats:
     history_rewritten_tokens: int = 0  # tokens of history recomputed because of it
     resident_memory_bytes: int = 0  # the engine process's RSS (0 where it cannot be read)
     cpu_threads: int = 0  # threads the model computes with now (0 on an accelerator)
+    # Speculation, per proposer: tokens drafted, drafted tokens accepted, drafts verified.
+    spec_drafted_tokens: dict[str, int] = field(default_factory=dict)
+    spec_accepted_tokens: dict[str, int] = field(default_factory=dict)
+    spec_verified_drafts: dict[str, int] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -95,6 +100,7 @@ class EngineCore:
             enabled=config.enable_prefix_caching,
         )
         self.pacer = PrefillPacer(config.decode_stall_factor, config.max_num_batched_tokens)
+        self.speculator = make_speculator(config, self.max_model_len, self.model_config.vocab_size)
         self.scheduler = Scheduler(
             self.pool,
             self.prefix,
@@ -102,6 +108,7 @@ class EngineCore:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             self.pacer,
+            self.speculator,
         )
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         self.guides = Guides(
@@ -228,47 +235,83 @@ class EngineCore:
     # ---- the step ---------------------------------------------------------------------
 
     def step(self) -> list[TokenDelta]:
+        scheduling = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
         if self.threads is not None:
             self.threads.update()
         started = time.perf_counter()
-        sampled = self.runner.execute(batch, self.guides)
+        verified = self.runner.execute(batch, self.guides)
         seconds = time.perf_counter() - started
-        num_decodes = sum(1 for item in batch if item.num_new == 1 and item.samples)
-        num_prefill = sum(item.num_new for item in batch) - num_decodes
+        num_decodes = sum(
+            1 for item in batch if item.samples and item.num_new - len(item.draft) == 1
+        )
+        num_drafted = sum(len(item.draft) for item in batch)
+        num_prefill = sum(item.num_new for item in batch) - num_decodes - num_drafted
+        # Verification belongs to the decode side: a decode step with drafts is the normal
+        # gap the pacer keeps prefill chunks beside.
         self.pacer.observe(num_decodes, num_prefill, seconds)
+        if self.speculator is not None and not num_prefill:
+            # Drafting (in schedule) counts too: a draft model's passes cost per token.
+            total = time.perf_counter() - scheduling
+            self.speculator.observe_step(num_decodes + num_drafted, num_drafted, total)
         for item in batch:
             forks_now = item.samples and item.seq.pending_forks
-            item.seq.num_computed += item.num_new
-            self.prefix.commit(item.seq, item.seq.num_computed - item.num_new)
+            before = item.seq.num_computed
+            item.seq.num_computed += item.num_new - len(item.draft)
+            if not item.draft:  # a verified sequence commits once its drafts are judged
+                self.prefix.commit(item.seq, before)
             if forks_now:
                 for child in item.seq.pending_forks:
                     self._fork(item.seq, child)
                 item.seq.pending_forks = []
-        deltas = [self._append(seq, token, logprob) for seq, token, logprob in sampled]
-        self._update_stats(num_prefill, len(sampled), seconds)
+        deltas = [self._append(v) for v in verified]
+        self._update_stats(num_prefill, sum(len(d.new_token_ids) for d in deltas), seconds)
         return deltas
 
-    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> TokenDelta:
-        seq.token_ids.append(token)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        grammar_done = self.guides.advance(seq, token)
-        reason = "stop" if grammar_done else self._finish_reason(seq, token)
+    def _append(self, verified: Verified) -> TokenDelta:
+        """Append a step's tokens one at a time, stopping where a stop condition holds, so
+        output with speculation is what decoding one token per step would give."""
+        seq = verified.seq
+        tokens: list[int] = []
+        reason = None
+        for token, logprob in zip(verified.token_ids, verified.logprobs, strict=True):
+            seq.token_ids.append(token)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            tokens.append(token)
+            grammar_done = self.guides.advance(seq, token)
+            reason = "stop" if grammar_done else self._finish_reason(seq, token)
+            if reason is not None:
+                break
+        if verified.num_drafted:
+            self._settle_draft(verified, len(tokens))
+        if self.speculator is not None:
+            self.speculator.observe(seq, verified.token_ids, verified.num_drafted)
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._forget_if_done(seq.request_id)
+        elif verified.num_drafted:
+            self.scheduler.trim(seq)
+        logprobs = [lp for lp in verified.logprobs[: len(tokens)] if lp is not None]
         return TokenDelta(
             request_id=seq.request_id,
             index=seq.index,
-            new_token_ids=[token],
-            logprobs=[logprob] if logprob is not None else None,
+            new_token_ids=tokens,
+            logprobs=logprobs or None,
             finish_reason=reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens or 0,
         )
+
+    def _settle_draft(self, verified: Verified, num_appended: int) -> None:
+        """The K/V of accepted draft tokens is valid: count it computed and commit full
+        blocks; what rejected drafts wrote stays past num_computed, to be overwritten."""
+        seq = verified.seq
+        before = seq.num_computed - 1  # the step's own token was counted already
+        seq.num_computed += min(num_appended, verified.num_accepted)
+        self.prefix.commit(seq, before)
 
     def _fork(self, parent: Sequence, child: Sequence) -> None:
         """Start a sibling on the prompt KV its parent just computed: share full blocks,
@@ -334,6 +377,11 @@ class EngineCore:
             s.disk_files_removed = self.disk.num_removed
         s.resident_memory_bytes = resident_memory_bytes()
         s.cpu_threads = self.threads.threads if self.threads is not None else 0
+        if self.speculator is not None:
+            spec = self.speculator.stats
+            s.spec_drafted_tokens = dict(spec.drafted)
+            s.spec_accepted_tokens = dict(spec.accepted)
+            s.spec_verified_drafts = dict(spec.verified)
         return EngineStats(**vars(s))
 
 

@@ -29,16 +29,23 @@ class TextStream:
         self._released = 0  # characters of self.text handed out
         self.stopped = False
         self.stop_reason: str | None = None  # the stop string that matched
+        self.num_used = 0  # tokens of the last add() that belong to the output
 
     def add(self, token_ids: list[int]) -> str:
-        """Feed new output tokens; return the text that became final."""
+        """Feed new output tokens; return the text that became final. `num_used` says how
+        many of them belong to the output: with speculation a step brings several tokens,
+        and those after the one that completed a stop string are dropped."""
+        self.num_used = 0
         if self.stopped:
             return ""
         for token in token_ids:
             self._ids.append(token)
             self.text += self._decode_new()
-        if self.stops:
-            self._match_stops()
+            self.num_used += 1
+            if self.stops:
+                self._match_stops()
+                if self.stopped:
+                    break
         end = len(self.text) if self.stopped else len(self.text) - self._held_back()
         return self._release(end)
 

@@ -52,14 +52,17 @@ class LLM:
                 result = results[delta.request_id]
                 result.num_cached_tokens = max(result.num_cached_tokens, delta.num_cached_tokens)
                 out = result.outputs[delta.index]
-                out.token_ids.extend(delta.new_token_ids)
-                if delta.logprobs is not None and out.logprobs is not None:
-                    out.logprobs.extend(delta.logprobs)
                 out.finish_reason = delta.finish_reason
                 stream = streams.get((delta.request_id, delta.index))
+                new = delta.new_token_ids
+                if stream is not None:
+                    out.text += stream.add(new)
+                    new = new[: stream.num_used]  # not the tokens after a stop string
+                out.token_ids.extend(new)
+                if delta.logprobs is not None and out.logprobs is not None:
+                    out.logprobs.extend(delta.logprobs[: len(new)])
                 if stream is None:
                     continue
-                out.text += stream.add(delta.new_token_ids)
                 if stream.stopped and delta.finish_reason is None:
                     self.engine.abort(delta.request_id, delta.index)
                     out.finish_reason = "stop"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,31 +72,37 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(
-        self, batch: list[ScheduledSeq], guides: Guides | None = None
-    ) -> list[tuple[Sequence, int, TokenLogprob | None]]:
-        """Run one forward pass; return (sequence, next token, logprob) for each sampled row.
+    def execute(self, batch: list[ScheduledSeq], guides: Guides | None = None) -> list[Verified]:
+        """Run one forward pass; return the new tokens of each sequence that samples.
 
         A sequence that finishes its prompt while siblings wait to fork from it samples
         one row per sibling from the same logits. Rows of constrained sequences are masked
-        by `guides`, whose masks are computed while the model runs.
+        by `guides`, whose masks are computed while the model runs. A sequence with draft
+        tokens samples a row at each of them as well (see `verify`).
         """
         input_ids: list[int] = []
         positions: list[int] = []
         chunks: list[SeqChunk] = []
         rows: list[int] = []
-        sampled: list[Sequence] = []
+        groups: list[tuple[Sequence, list[int]]] = []  # (sequence, draft): 1 + len(draft) rows
         for item in batch:
             seq, start = item.seq, item.seq.num_computed
             end = start + item.num_new
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(seq.token_ids[start : end - len(item.draft)])
+            input_ids.extend(item.draft)
             positions.extend(range(start, end))
             chunks.append(SeqChunk(item.num_new, end, seq.block_table))
             if item.samples:
-                for target in (seq, *seq.pending_forks):
-                    rows.append(len(input_ids) - 1)
-                    sampled.append(target)
-        masks = guides.prepare(sampled) if guides is not None else None
+                last = len(input_ids) - 1 - len(item.draft)
+                if item.draft:
+                    rows.extend(range(last, last + 1 + len(item.draft)))
+                    groups.append((seq, item.draft))
+                else:
+                    for target in (seq, *seq.pending_forks):
+                        rows.append(last)
+                        groups.append((target, []))
+        row_seqs = [seq for seq, draft in groups for _ in range(1 + len(draft))]
+        masks = guides.prepare(row_seqs) if guides is not None else None
         if (
             self.graphs is not None
             and len(input_ids) == len(chunks)
@@ -116,16 +123,55 @@ class ModelRunner:
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
         if masks is not None:
             masks.apply(logits)  # where the logits are
-        if all(plain_greedy(s.params) for s in sampled):
+        if all(plain_greedy(s.params) for s in row_seqs):
             # Argmax where the logits are: only the token ids cross to the host.
-            tokens = logits.argmax(dim=-1).tolist()
-            return [(s, t, None) for s, t in zip(sampled, tokens, strict=True)]
-        logits = logits.cpu()
-        sample_rows = [
-            SampleRow(s.params, s.token_ids, s.num_prompt_tokens, s.index) for s in sampled
-        ]
-        tokens, logprobs = self.sampler(logits, sample_rows)
-        return list(zip(sampled, tokens, logprobs, strict=True))
+            tokens: list[int] = logits.argmax(dim=-1).tolist()
+            logprobs: list[TokenLogprob | None] = [None] * len(tokens)
+        else:
+            sample_rows = [
+                SampleRow(seq.params, seq.token_ids + draft[:j], seq.num_prompt_tokens, seq.index)
+                for seq, draft in groups
+                for j in range(1 + len(draft))
+            ]
+            tokens, logprobs = self.sampler(logits.cpu(), sample_rows)
+        out, row = [], 0
+        for seq, draft in groups:
+            n = 1 + len(draft)
+            out.append(verify(seq, draft, tokens[row : row + n], logprobs[row : row + n]))
+            row += n
+        return out
+
+
+@dataclass
+class Verified:
+    """A sequence's new tokens from one step: the draft tokens the target model agreed
+    with, then the target's own token after them."""
+
+    seq: Sequence
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+    num_drafted: int
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.token_ids) - 1
+
+
+def verify(
+    seq: Sequence, draft: list[int], sampled: list[int], logprobs: list[TokenLogprob | None]
+) -> Verified:
+    """Keep the longest prefix of `draft` equal to the target's samples at the same rows.
+
+    Row j's token is the target's own sample given the tokens before it, drawn with the
+    noise the sampler would use at that position without speculation. Emitting samples
+    up to the first disagreement is therefore exactly what decoding one token at a time
+    would emit: greedy output is unchanged, seeded output is token-identical, and a
+    point-mass draft is accepted with probability p(draft), as in rejection sampling.
+    """
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == sampled[accepted]:
+        accepted += 1
+    return Verified(seq, sampled[: accepted + 1], logprobs[: accepted + 1], len(draft))
 
 
 def plain_greedy(params: SamplingParams) -> bool:

@@ -7,6 +7,10 @@ every matmul taller and adds its own attention calls, whatever its size) plus a 
 token (which grows with the context the chunk attends to), fitted over recent steps. The
 next chunk is sized so the fitted cost plus the fit's typical error stays in the slack;
 when the fixed part alone overruns it, the chunk gets the slack on top of the fixed part.
+
+With speculation, a decode's draft tokens belong to the decode side: a step of decodes
+and verifications is a decode-only step (the normal gap of a stream that speculates), and
+only prompt tokens count as prefill, so verification never passes for prefill work.
 """
 
 from __future__ import annotations

@@ -6,28 +6,35 @@ leading blocks the prefix cache holds for it. When KV blocks run out, the newest
 is preempted: its blocks are freed (full ones stay cached) and it is recomputed later
 from its tokens, ahead of new arrivals. New arrivals are admitted session by session
 (the one running least goes first), so one agent's burst cannot starve the others.
+
+With speculation, a decoding sequence also carries the draft tokens the speculator
+planned for it, verified in the same step, where free blocks allow: a draft never
+preempts anyone, and takes at most half the token budget left while prompts wait.
+Blocks beyond the accepted tokens are given back after the step.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
 from kamado.kv.prefix_cache import PrefixCache
+from kamado.spec.speculator import Speculator
 
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new: int  # tokens computed this step
+    num_new: int  # tokens computed this step, drafts included
+    draft: list[int] = field(default_factory=list)  # verified after the sequence's tokens
 
     @property
     def samples(self) -> bool:
         """The step reaches the sequence's last token, so a next token is sampled."""
-        return self.num_new == self.seq.num_uncomputed
+        return self.num_new - len(self.draft) == self.seq.num_uncomputed
 
 
 class Scheduler:
@@ -39,6 +46,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         pacer: PrefillPacer,
+        speculator: Speculator | None = None,
     ) -> None:
         self.pool = pool
         self.prefix = prefix
@@ -46,6 +54,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pacer = pacer
+        self.speculator = speculator
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -66,7 +75,13 @@ class Scheduler:
         for seq in sorted(self._decoding(), key=lambda s: s.arrival):
             if seq.status is Status.RUNNING and self._reserve_or_preempt(seq, batch):
                 batch.append(ScheduledSeq(seq, 1))
-        budget = min(self.max_num_batched_tokens - len(batch), self.pacer.prefill_limit(len(batch)))
+        num_decodes = len(batch)
+        if self.speculator is not None and batch:
+            self._add_drafts(batch)
+        budget = min(
+            self.max_num_batched_tokens - sum(item.num_new for item in batch),
+            self.pacer.prefill_limit(num_decodes),
+        )
         for seq in self._prefilling():
             if budget <= 0:
                 break
@@ -127,24 +142,34 @@ class Scheduler:
             keep = {_fairness_key(s) for s in self.waiting}
             self._last_admitted = {k: v for k, v in self._last_admitted.items() if k in keep}
 
+    def _add_drafts(self, batch: list[ScheduledSeq]) -> None:
+        assert self.speculator is not None
+        room = self.max_num_batched_tokens - len(batch)
+        if self.waiting or self._prefilling():
+            room //= 2  # drafts leave waiting prompts at least half of the spare budget
+        drafts = self.speculator.plan([item.seq for item in batch])
+        for item, draft in zip(batch, drafts, strict=True):
+            draft = draft[: max(room, 0)]
+            if draft and self._reserve(item.seq, 1 + len(draft)):
+                item.draft = draft
+                item.num_new += len(draft)
+                room -= len(draft)
+            elif draft:
+                self.speculator.drop(item.seq)
+
+    def trim(self, seq: Sequence) -> None:
+        """Give back blocks past the computed tokens (reserved for drafts that missed);
+        they hold no committed K/V, so they go straight back to the free list."""
+        self.pool.shrink(seq.block_table, seq.num_computed, self.block_size)
+
     def _decoding(self) -> list[Sequence]:
         return [s for s in self.running if s.num_uncomputed == 1]
 
     def _prefilling(self) -> list[Sequence]:
         return [s for s in self.running if s.num_uncomputed > 1]
 
-    def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
-        total = -(-(seq.num_computed + num_new) // self.block_size)
-        return max(0, total - len(seq.block_table))
-
     def _reserve(self, seq: Sequence, num_new: int) -> bool:
-        needed = self._blocks_needed(seq, num_new)
-        if needed > self.pool.num_free:
-            return False
-        for _ in range(needed):
-            last = seq.block_table[-1] if seq.block_table else None
-            seq.block_table.append(self.pool.allocate(after=last))
-        return True
+        return self.pool.grow(seq.block_table, seq.num_computed + num_new, self.block_size)
 
     def _reserve_or_preempt(self, seq: Sequence, batch: list[ScheduledSeq]) -> bool:
         """Find a block for one more token of `seq`, preempting newer sequences if needed."""
@@ -179,6 +204,8 @@ class Scheduler:
         seq.status = Status.FINISHED
         self.free(seq)
         self.prefix.end_turn(seq)
+        if self.speculator is not None:
+            self.speculator.finish(seq)
 
 
 def _fairness_key(seq: Sequence) -> str:

@@ -64,6 +64,22 @@ class BlockPool:
         self.ref_counts[block] = 1
         return block
 
+    def grow(self, table: list[int], num_tokens: int, block_size: int) -> bool:
+        """Append blocks to a sequence's `table` until it holds `num_tokens` tokens; False
+        (taking nothing) when not enough blocks are free."""
+        needed = max(0, -(-num_tokens // block_size) - len(table))
+        if needed > self.num_free:
+            return False
+        for _ in range(needed):
+            table.append(self.allocate(after=table[-1] if table else None))
+        return True
+
+    def shrink(self, table: list[int], num_tokens: int, block_size: int) -> None:
+        """Release the blocks of `table` past the first `num_tokens` tokens."""
+        keep = -(-num_tokens // block_size)
+        while len(table) > keep:
+            self.release(table.pop())
+
     def _runway(self) -> int:
         # Paid only when a sequence starts or collides with a neighbour; vectorized, since
         # a large KV budget has hundreds of thousands of blocks.

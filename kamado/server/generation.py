@@ -100,7 +100,10 @@ class Generation:
                     continue  # stopped by a stop string; the engine has not heard yet
                 if delta.finish_reason == "abort":
                     raise GenerationError("the engine aborted the request")
-                new = list(delta.new_token_ids)
+                stream = streams[i]
+                text = stream.add(delta.new_token_ids) if delta.new_token_ids else ""
+                new = delta.new_token_ids[: stream.num_used]
+                logprobs = delta.logprobs[: len(new)] if delta.logprobs is not None else None
                 now = time.monotonic()
                 if new:
                     if not first_token_seen:
@@ -113,8 +116,6 @@ class Generation:
                             metrics.itl.observe(gap)
                     last_token_at[i] = now
                     self.output_token_ids[i].extend(new)
-                stream = streams[i]
-                text = stream.add(new) if new else ""
                 finish = delta.finish_reason
                 if stream.stopped:
                     finish = "stop"
@@ -122,7 +123,7 @@ class Generation:
                     text += stream.flush()
                 if finish is not None:
                     done[i] = True
-                yield ChoiceUpdate(i, text, new, delta.logprobs, finish)
+                yield ChoiceUpdate(i, text, new, logprobs, finish)
                 if all(done):
                     break
                 if stream.stopped and not engine_done[i]:

@@ -62,6 +62,7 @@ class _EngineCollector(Collector):
             "kamado_generation_tokens", "Tokens generated", value=s.generation_tokens_total
         )
         yield from _prefix_cache_metrics(s)
+        yield from _speculation_metrics(s)
 
 
 def _prefix_cache_metrics(s: Any) -> Iterator[Any]:
@@ -119,6 +120,37 @@ def _prefix_cache_metrics(s: Any) -> Iterator[Any]:
         "Disk tier files that failed their checks and were removed",
         value=s.disk_files_corrupt,
     )
+
+
+def _speculation_metrics(s: Any) -> Iterator[Any]:
+    drafted = CounterMetricFamily(
+        "kamado_spec_draft_tokens", "Draft tokens verified, by proposer", labels=["proposer"]
+    )
+    accepted = CounterMetricFamily(
+        "kamado_spec_accepted_tokens", "Draft tokens accepted, by proposer", labels=["proposer"]
+    )
+    verified = CounterMetricFamily(
+        "kamado_spec_verified_drafts", "Drafts verified, by proposer", labels=["proposer"]
+    )
+    rate = GaugeMetricFamily(
+        "kamado_spec_acceptance_rate",
+        "Accepted / drafted tokens, by proposer",
+        labels=["proposer"],
+    )
+    length = GaugeMetricFamily(
+        "kamado_spec_mean_accepted_length",
+        "Draft tokens accepted per verified draft, by proposer",
+        labels=["proposer"],
+    )
+    for proposer, num_drafted in s.spec_drafted_tokens.items():
+        num_accepted = s.spec_accepted_tokens.get(proposer, 0)
+        num_verified = s.spec_verified_drafts.get(proposer, 0)
+        drafted.add_metric([proposer], num_drafted)
+        accepted.add_metric([proposer], num_accepted)
+        verified.add_metric([proposer], num_verified)
+        rate.add_metric([proposer], num_accepted / num_drafted if num_drafted else 0.0)
+        length.add_metric([proposer], num_accepted / num_verified if num_verified else 0.0)
+    yield from (drafted, accepted, verified, rate, length)
 
 
 class Metrics:

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from kamado.cli import main
 
 TINY = "synthetic:tiny-qwen2"
@@ -64,3 +66,29 @@ def test_agents_bench_replays_turns_with_the_prefix_cache_on_then_off(tmp_path):
 
     assert prompts(on) == prompts(off)  # the same sessions (greedy replies are the same)
     assert r["ttft_speedup_follow_ups"] > 0
+
+
+def test_spec_verify_bench_times_each_draft_length_beside_a_plain_step(tmp_path):
+    out = tmp_path / "spec-verify.json"
+    args = ["bench", "--spec-verify", "--model", TINY, "--prompt-len", "32", "--out", str(out)]
+    assert main(args) == 0
+    rows = json.loads(out.read_text())["results"]["rows"]
+    assert [r["batch"] for r in rows] == [1, 4, 16]
+    for r in rows:
+        assert r["decode_ms"] > 0
+        assert [v["k"] for v in r["verify"]] == [1, 2, 4, 8, 16]
+        assert all(v["ms"] > 0 for v in r["verify"])
+
+
+@pytest.mark.slow
+def test_spec_bench_compares_every_task_on_and_off(tmp_path):
+    out = tmp_path / "spec.json"
+    args = ["bench", "--spec", "--model", "smollm2-135m-instruct", "--gen-len", "6"]
+    assert main([*args, "--repeats", "1", "--dtype", "float32", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results["summary"]) == {"edit", "agent", "prose"}
+    for task in results["summary"].values():
+        assert task["identical_outputs"] and task["speedup_median"] > 0
+    assert {(r["task"], r["speculation"]) for r in results["runs"]} == {
+        (t, s) for t in ("edit", "agent", "prose") for s in ("off", "auto")
+    }
