@@ -29,7 +29,7 @@ def generate(
             model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
             kv_cache_bytes=1 << 30, max_num_seqs=8, max_num_batched_tokens=1024,
             attention_backend=backend, cuda_graphs=graphs, fused_kernels=fused,
-            kv_cache_dtype=kv,
+            kv_cache_dtype=kv, speculation="off",  # these compare kernels and graphs
         )
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True, logprobs=logprobs)
