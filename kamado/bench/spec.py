@@ -42,7 +42,7 @@ class SpecRun:
 
 
 def _edit_task(rng: random.Random, gen_len: int) -> list[list[dict[str, Any]]]:
-    source = _source_file(rng, gen_len)
+    source = _source_file(rng, max(gen_len, 64))  # at least one function to rename
     old = source.split("def ", 1)[1].split("(", 1)[0]
     ask = (
         f"Here is `src/{old}.py`:\n\n```python\n{source}\n```\n\nRename the function "
