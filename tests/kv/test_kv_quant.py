@@ -183,6 +183,7 @@ def test_preemption_and_chunking_give_the_tokens_of_a_run_alone(tiny_models, nam
         block_size=4,
         kv_cache_bytes=blocks_budget(path, 24, name),
         max_num_batched_tokens=16,
+        speculation="off",  # 24 blocks force preemption on the one-token-a-step schedule
     )
     assert engine.num_blocks == 24
     assert run(engine, requests) == alone
