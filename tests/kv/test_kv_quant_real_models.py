@@ -25,7 +25,7 @@ from kamado.bench.kv_cache import (
 from tests.engine.conftest import hf_greedy
 
 # Slow: transformers' reference, then 16 continuations and 512 teacher-forced picks per run.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 # (greedy, top-1) floors. Measured against transformers: smollm2 int8 73.9 % / 98.6 %, fp8
 # 63.9 % / 97.2 %. qwen2.5-coder-0.5b, against kamado bf16 with an unquantized cache (its
@@ -34,7 +34,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 FLOORS = {"int8": (0.60, 0.96), "fp8": (0.50, 0.95)}
 
 
-@pytest.fixture(scope="module", params=["smollm2", "qwen05"])
+# smollm2 only: qwen2.5-coder-0.5b against transformers in float32 takes longer than the
+# whole suite may (its figures come from `kamado bench --kv-cache`, committed).
+@pytest.fixture(scope="module", params=["smollm2"])
 def reference_run(request):
     """The model, the prompts as its token ids, and transformers' greedy continuations."""
     path = request.getfixturevalue(f"{request.param}_path")
