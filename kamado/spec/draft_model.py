@@ -50,7 +50,12 @@ class DraftModelProposer:
             )
         self.block_size = config.block_size
         self.runner = ModelRunner(
-            draft_config, loaded.model_config, loaded.weights, loaded.dtype, loaded.num_blocks
+            draft_config,
+            loaded.model_config,
+            loaded.model,
+            loaded.dtype,
+            loaded.num_blocks,
+            loaded.kv_format,
         )
         self.pool = BlockPool(loaded.num_blocks)
         self._shadows: dict[Sequence, _Shadow] = {}
