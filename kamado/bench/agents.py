@@ -12,12 +12,11 @@ decoding when each arrived), the prefix-cache hit rate, and decode tokens/s.
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kamado.bench.replay import percentile
+from kamado.bench.replay import median_p99, seconds_text
 from kamado.bench.report import machine
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
@@ -120,13 +119,8 @@ def summarize(done: list[Turn], decoded: int, wall_s: float) -> dict[str, Any]:
     follow = [t for t in done if t.turn > 0]
     beside = [t for t in follow if t.others_decoding > 0]
 
-    def ttft(turns: list[Turn]) -> dict[str, float | None]:
-        values = [t.ttft_s for t in turns]
-        return {
-            "median_s": statistics.median(values) if values else None,
-            "p99_s": percentile(values, 0.99),
-            "count": len(values),
-        }
+    def ttft(turns: list[Turn]) -> dict[str, float | int | None]:
+        return {**median_p99([t.ttft_s for t in turns]), "count": len(turns)}
 
     prompt = sum(t.prompt_tokens for t in done)
     return {
@@ -200,7 +194,7 @@ def format_run(name: str, r: dict[str, Any], new_tokens: int) -> str:
     f, b = r["ttft_follow_ups"], r["ttft_follow_ups_beside_decoding"]
 
     def sec(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.3f}s"
+        return seconds_text(x, 3)
 
     hit = r["prefix_hit_rate_follow_ups"]
     return (

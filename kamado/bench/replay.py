@@ -99,6 +99,18 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def median_p99(values: list[float]) -> dict[str, float | None]:
+    """The median and 99th percentile of latencies in seconds (None where there are none)."""
+    return {
+        "median_s": statistics.median(values) if values else None,
+        "p99_s": percentile(values, 0.99),
+    }
+
+
+def seconds_text(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}s"
+
+
 def summarize(results: list[TurnResult], wall_s: float) -> dict[str, Any]:
     ok = [r for r in results if r.error is None]
     follow_ups = [r for r in ok if r.turn > 0]
@@ -108,9 +120,7 @@ def summarize(results: list[TurnResult], wall_s: float) -> dict[str, Any]:
         return sum(r.cached_tokens for r in rs) / prompt if prompt else None
 
     def ttft(rs: list[TurnResult]) -> dict[str, float | None]:
-        values = [r.ttft_s for r in rs if r.ttft_s is not None]
-        median = statistics.median(values) if values else None
-        return {"median_s": median, "p99_s": percentile(values, 0.99)}
+        return median_p99([r.ttft_s for r in rs if r.ttft_s is not None])
 
     return {
         "turns": len(results),
@@ -132,9 +142,7 @@ def format_summary(name: str, s: dict[str, Any]) -> str:
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{100 * x:.1f}%"
 
-    def sec(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.2f}s"
-
+    sec = seconds_text
     return (
         f"{name}: {s['turns']} turns, {s['errors']} errors, {s['wall_s']:.0f}s wall\n"
         f"  prefix hit rate {pct(s['prefix_hit_rate'])} of prompt tokens "

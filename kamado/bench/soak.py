@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kamado.bench.replay import TurnResult, percentile, send_turn, summarize
+from kamado.bench.replay import TurnResult, median_p99, seconds_text, send_turn, summarize
 from kamado.bench.trace import TraceTurn
 
 # Gauges sampled from /metrics, by the name they are reported under here.
@@ -178,10 +178,8 @@ def windows(
                 "start_s": lo,
                 "requests": len(mine),
                 "errors": len(mine) - len(ok),
-                "ttft_p50_s": statistics.median(ttft) if ttft else None,
-                "ttft_p99_s": percentile(ttft, 0.99),
-                "latency_p50_s": statistics.median(latency) if latency else None,
-                "latency_p99_s": percentile(latency, 0.99),
+                **{f"ttft_{k}": v for k, v in _p50_p99(ttft).items()},
+                **{f"latency_{k}": v for k, v in _p50_p99(latency).items()},
                 "generated_tokens_per_s": sum(r.completion_tokens for r in ok) / window_s,
                 **{f"max_{key}": peak(key) for key in SAMPLED},
             }
@@ -227,6 +225,11 @@ def verdict(errors: int, samples: list[dict[str, float]], duration_s: float) -> 
     return out
 
 
+def _p50_p99(values: list[float]) -> dict[str, float | None]:
+    stats = median_p99(values)
+    return {"p50_s": stats["median_s"], "p99_s": stats["p99_s"]}
+
+
 def _pool_full(sample: dict[str, float]) -> bool:
     """Every block of the KV pool in use or cached (a block or two of slack allowed)."""
     total = sample.get("kv_blocks_total")
@@ -235,8 +238,7 @@ def _pool_full(sample: dict[str, float]) -> bool:
 
 
 def format_window(w: dict[str, Any]) -> str:
-    def sec(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.2f}s"
+    sec = seconds_text
 
     def mib(x: float | None) -> str:
         return "n/a" if x is None else f"{x / 2**20:.0f}MiB"
