@@ -93,7 +93,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting()
             found = self.prefix.match(seq)
-            cached = found.num_blocks() * self.block_size
+            cached = found.num_tokens(self.block_size)
             num_new = min(seq.num_tokens - cached, budget)
             # Matched blocks nobody reads now count as free until this sequence takes them.
             takes = -(-(cached + num_new) // self.block_size) - len(found.device_blocks)

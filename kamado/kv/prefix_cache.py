@@ -1,8 +1,9 @@
 """Automatic prefix caching: a new sequence starts from the full blocks some earlier one
-computed for the same leading tokens, on the device or restored from the disk tier.
+computed for the same leading tokens, on the device or restored from the disk tier, then
+from a copy of a cached block that begins with its next tokens (kv/block_tokens.py).
 
-Only full blocks are shared, and never the block holding a sequence's last token: at least
-one token is computed so there are logits to sample from.
+Full blocks are shared; a block is copied where only its first tokens match (the rest
+will differ). The prompt's last token is always computed, so there are logits to sample.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kamado.kv.block_hash import extend_keys
+from kamado.kv.block_hash import ROOT, extend_keys
 from kamado.kv.block_pool import BlockPool
+from kamado.kv.block_tokens import BlockTokens, TokenMatch, partial_block_key
 from kamado.kv.cache import KVCache
 from kamado.kv.disk_tier import DiskTier
 from kamado.kv.eviction import MAX_SESSIONS
@@ -29,15 +31,20 @@ class PrefixMatch:
     device_blocks: list[int] = field(default_factory=list)  # cached on the device, in order
     disk_keys: list[bytes] = field(default_factory=list)  # the blocks after them, on disk
     num_unreferenced: int = 0  # device blocks nobody reads now: taking them uses free room
+    partial: TokenMatch | None = None  # a block to copy the first tokens of, after them all
 
     def num_blocks(self) -> int:
         return len(self.device_blocks) + len(self.disk_keys)
+
+    def num_tokens(self, block_size: int) -> int:
+        return self.num_blocks() * block_size + (self.partial.num_tokens if self.partial else 0)
 
 
 @dataclass
 class PrefixStats:
     queried_tokens: int = 0  # prompt tokens looked up (once per request)
     device_hit_tokens: int = 0
+    partial_hit_tokens: int = 0  # the part of device hits copied from inside a block
     disk_hit_tokens: int = 0
     disk_bytes_written: int = 0
     disk_bytes_read: int = 0
@@ -53,6 +60,7 @@ class SessionTurn:
 
     keys: list[bytes]
     num_prompt_blocks: int
+    partial_key: bytes | None = None  # the partly filled block it left behind
 
 
 class PrefixCache:
@@ -71,8 +79,8 @@ class PrefixCache:
         self.enabled = enabled
         self.stats = PrefixStats()
         self._newest: OrderedDict[str, SessionTurn] = OrderedDict()
-        if disk is not None:
-            pool.on_evict = self._save
+        self.block_tokens = BlockTokens(block_size)
+        pool.on_evict = self._evicted
 
     def match(self, seq: Sequence) -> PrefixMatch:
         """The cached leading blocks of `seq` (nothing is taken yet)."""
@@ -90,7 +98,19 @@ class PrefixCache:
                 found.disk_keys.append(key)
             else:
                 break
+        self._match_partial(seq, found)
         return found
+
+    def _match_partial(self, seq: Sequence, found: PrefixMatch) -> None:
+        """After the matched full blocks: a cached block whose first tokens are the next
+        ones of `seq`, short of its last token."""
+        start = found.num_blocks() * self.block_size
+        wanted = seq.token_ids[start : min(start + self.block_size, seq.num_tokens) - 1]
+        parent = seq.block_keys[found.num_blocks() - 1] if found.num_blocks() else ROOT
+        found.partial = self.block_tokens.longest(parent, wanted) if wanted else None
+        if found.partial is not None:
+            # Pinned while the sequence's blocks are allocated, so none of them is this one.
+            found.num_unreferenced += self.pool.ref_counts[found.partial.block] == 0
 
     def acquire(self, seq: Sequence, found: PrefixMatch) -> None:
         """Give `seq` the matched blocks (restoring those on disk) and skip their tokens."""
@@ -98,6 +118,8 @@ class PrefixCache:
         for block in found.device_blocks:
             self.pool.reuse(block)
             seq.block_table.append(block)
+        if found.partial is not None:
+            self.pool.reuse(found.partial.block)  # pinned: restoring from disk may not evict it
         device_tokens = len(seq.block_table) * self.block_size
         for key in found.disk_keys:
             data = self.disk.load(key) if self.disk is not None else None
@@ -108,14 +130,32 @@ class PrefixCache:
             self.pool.set_key(block, key)
             seq.block_table.append(block)
             self.stats.disk_bytes_read += data.numel() * data.element_size()
-        cached = len(seq.block_table) * self.block_size
-        seq.num_computed = cached
+        full = len(seq.block_table) * self.block_size
+        partial = self._copy_partial(seq, found)
+        seq.num_computed = full + partial
         if seq.num_cached_tokens is None:  # a recomputation after preemption is not a new query
-            seq.num_cached_tokens = cached
+            seq.num_cached_tokens = full + partial
             self.stats.queried_tokens += seq.num_prompt_tokens
-            self.stats.device_hit_tokens += device_tokens
-            self.stats.disk_hit_tokens += cached - device_tokens
+            self.stats.device_hit_tokens += device_tokens + partial
+            self.stats.partial_hit_tokens += partial
+            self.stats.disk_hit_tokens += full - device_tokens
             self._check_history(seq)
+
+    def _copy_partial(self, seq: Sequence, found: PrefixMatch) -> int:
+        """Append a copy of the matched block (the sequence writes its own tokens after the
+        shared ones); returns the tokens it holds for `seq`."""
+        if found.partial is None:
+            return 0
+        source = found.partial.block
+        # A disk block that failed to load ends the chain before the copy's parent.
+        whole_chain = len(seq.block_table) == found.num_blocks()
+        if whole_chain:
+            seq.block_table.append(
+                self.pool.allocate(after=seq.block_table[-1] if seq.block_table else None)
+            )
+            self.cache.copy_block(source, seq.block_table[-1])
+        self.pool.release(source, seq.session, found.num_blocks())  # the pin of acquire
+        return found.partial.num_tokens if whole_chain else 0
 
     def _check_history(self, seq: Sequence) -> None:
         """An agent's next prompt should begin with its previous prompt. Where it differs
@@ -152,14 +192,38 @@ class PrefixCache:
         for b in range(num_computed_before // self.block_size, num_full):
             block, key = seq.block_table[b], seq.block_keys[b]
             self.pool.set_key(block, key)
-            if self.disk is not None and self.pool.key_of.get(block) == key:
+            if self.pool.key_of.get(block) != key:
+                continue  # computed twice at once: the other block is the cached one
+            tokens = seq.token_ids[b * self.block_size : (b + 1) * self.block_size]
+            self.block_tokens.add(block, seq.block_keys[b - 1] if b else ROOT, tokens)
+            if self.disk is not None:
                 self._save(block, key)
 
     def release(self, seq: Sequence) -> None:
-        """The sequence lets go of its blocks; full ones stay cached, owned by its session."""
+        """The sequence lets go of its blocks; full ones and the computed part of a partly
+        filled last one stay cached, owned by its session."""
+        self._keep_partial(seq)
         for depth, block in enumerate(seq.block_table):
             self.pool.release(block, seq.session, depth)
         seq.block_table = []
+
+    def _partial_tail(self, seq: Sequence) -> tuple[bytes, list[int]] | None:
+        """The parent key and the computed tokens of the sequence's partly filled block."""
+        num_full, num_partial = divmod(seq.num_computed, self.block_size)
+        if not self.enabled or not num_partial:
+            return None
+        extend_keys(seq.block_keys, seq.token_ids, num_full, self.block_size)
+        parent = seq.block_keys[num_full - 1] if num_full else ROOT
+        return parent, seq.token_ids[num_full * self.block_size : seq.num_computed]
+
+    def _keep_partial(self, seq: Sequence) -> None:
+        tail = self._partial_tail(seq)
+        if tail is None or len(seq.block_table) * self.block_size <= seq.num_computed:
+            return  # nothing computed past the full blocks, or no block holds it
+        block, key = seq.block_table[seq.num_computed // self.block_size], partial_block_key(*tail)
+        self.pool.set_key(block, key)
+        if self.pool.key_of.get(block) == key:  # not kept twice: another copy holds it already
+            self.block_tokens.add(block, *tail)
 
     def end_turn(self, seq: Sequence) -> None:
         """The sequence's turn is over: its chain is now its session's newest; blocks only
@@ -170,15 +234,27 @@ class PrefixCache:
         chain = seq.block_keys[: seq.num_computed // self.block_size]
         if not chain:
             return  # ended before computing anything (e.g. aborted in the queue)
-        current = set(chain)
+        tail = self._partial_tail(seq)
+        partial_key = partial_block_key(*tail) if tail is not None else None
+        current = {*chain, partial_key}
         previous = self._newest.get(seq.session)
-        for key in previous.keys if previous is not None else []:
-            if key not in current:
+        for key in [*previous.keys, previous.partial_key] if previous is not None else []:
+            if key is not None and key not in current:
                 self.pool.supersede(key)
-        self._newest[seq.session] = SessionTurn(chain, seq.num_prompt_tokens // self.block_size)
+        self._newest[seq.session] = SessionTurn(
+            chain, seq.num_prompt_tokens // self.block_size, partial_key
+        )
         self._newest.move_to_end(seq.session)
         if len(self._newest) > MAX_SESSIONS:
             self._newest.popitem(last=False)
+
+    def _evicted(self, block: int, key: bytes) -> None:
+        """A cached block's slot is taken for new content. A partly filled block is not
+        kept on disk: the tier is addressed by full-block keys, and a partial block saves
+        at most one block of recompute, not worth a file write per turn."""
+        was_partial = self.block_tokens.forget(block)
+        if self.disk is not None and not was_partial:
+            self._save(block, key)
 
     def _save(self, block: int, key: bytes) -> None:
         """Keep a block's K/V on disk: written through when the block fills (on CPU and

@@ -50,14 +50,17 @@ def test_a_different_prefix_misses_and_a_shared_system_prompt_hits(tiny_models):
     assert cached(engine, "c", system + [9, 9], greedy(4), "agent-c")[1] == len(system)
 
 
-def test_the_block_holding_the_last_prompt_token_is_always_computed(tiny_models):
+def test_a_retried_prompt_computes_only_its_last_token(tiny_models):
     path, reference = tiny_models["qwen3"]
     engine = make_engine(path, block_size=BS)
     prompt = list(range(20, 52))  # exactly 8 blocks
     first, _ = cached(engine, "a", prompt, greedy(6))
     again, hit = cached(engine, "b", prompt, greedy(6))
-    assert hit == len(prompt) - BS
+    # 7 shared blocks, and a copy of the 8th's first 3 tokens: the last one has the logits.
+    assert hit == len(prompt) - 1
+    assert engine.prefix.stats.partial_hit_tokens == BS - 1
     assert again == first == hf_greedy(reference, prompt, 6)
+    assert_no_leaks(engine)
 
 
 def test_concurrent_requests_read_the_same_blocks(tiny_models):
