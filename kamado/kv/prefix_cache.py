@@ -241,9 +241,9 @@ class PrefixCache:
         for key in [*previous.keys, previous.partial_key] if previous is not None else []:
             if key is not None and key not in current:
                 self.pool.supersede(key)
-        self._newest[seq.session] = SessionTurn(
-            chain, seq.num_prompt_tokens // self.block_size, partial_key
-        )
+        # A turn aborted inside its prefill computed only part of its prompt.
+        num_prompt_blocks = min(len(chain), seq.num_prompt_tokens // self.block_size)
+        self._newest[seq.session] = SessionTurn(chain, num_prompt_blocks, partial_key)
         self._newest.move_to_end(seq.session)
         if len(self._newest) > MAX_SESSIONS:
             self._newest.popitem(last=False)

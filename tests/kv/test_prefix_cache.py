@@ -167,3 +167,17 @@ def test_a_turn_that_rewrites_the_sessions_history_is_counted(tiny_models):
     # Another conversation under the same key (nothing shared) is not a rewrite.
     cached(engine, "t4", list(range(300, 340)), greedy(4), "agent")
     assert engine.prefix.stats.history_rewrites == 1
+
+
+def test_a_turn_aborted_inside_its_prefill_leaves_a_usable_session(tiny_models):
+    path, reference = tiny_models["llama"]
+    engine = make_engine(path, block_size=BS, max_num_batched_tokens=8)
+    prompt = list(range(10, 60))
+    engine.add_request("a", prompt, greedy(3), "agent")
+    engine.step()
+    engine.step()  # 16 of its 50 prompt tokens computed
+    engine.abort("a")
+    out, hit = cached(engine, "b", prompt + [1, 2, 3], greedy(3), "agent")
+    assert hit == 16 and out == hf_greedy(reference, prompt + [1, 2, 3], 3)
+    assert engine.prefix.stats.history_rewrites == 0
+    assert_no_leaks(engine)
