@@ -53,6 +53,7 @@ class EngineStats:
     # Prefix cache: prompt tokens looked up, and those found on the device or on disk.
     prefix_queried_tokens: int = 0
     prefix_device_hit_tokens: int = 0
+    prefix_partial_hit_tokens: int = 0  # of the device hits, those copied from inside a block
     prefix_disk_hit_tokens: int = 0
     kv_blocks_cached: int = 0  # unreferenced blocks kept for reuse
     kv_evictions: int = 0  # cached device blocks overwritten
@@ -364,6 +365,7 @@ class EngineCore:
         p = self.prefix.stats
         s.prefix_queried_tokens = p.queried_tokens
         s.prefix_device_hit_tokens = p.device_hit_tokens
+        s.prefix_partial_hit_tokens = p.partial_hit_tokens
         s.prefix_disk_hit_tokens = p.disk_hit_tokens
         s.kv_blocks_cached = self.pool.num_cached
         s.kv_evictions = self.pool.num_evictions

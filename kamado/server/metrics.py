@@ -83,6 +83,11 @@ def _prefix_cache_metrics(s: Any) -> Iterator[Any]:
     yield hits
     yield rate
     yield CounterMetricFamily(
+        "kamado_prefix_cache_partial_hit_tokens",
+        "Device hit tokens copied from inside a cached block (a partly matched block)",
+        value=s.prefix_partial_hit_tokens,
+    )
+    yield CounterMetricFamily(
         "kamado_prefix_history_rewrites",
         "Turns whose prompt changed the session's previous prompt (chat template or client "
         "rewrote history)",
