@@ -30,32 +30,35 @@ class TokenMatch:
 class BlockTokens:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._children: dict[bytes, dict[int, tuple[int, ...]]] = {}  # parent -> block -> tokens
-        self._parent_of: dict[int, bytes] = {}
+        # (parent key, first token) -> block -> its tokens: a lookup scans only blocks that
+        # share at least one token, however many sequences branched off after the parent.
+        self._children: dict[tuple[bytes, int], dict[int, tuple[int, ...]]] = {}
+        self._parent_of: dict[int, tuple[bytes, int]] = {}
 
     def __len__(self) -> int:
         return len(self._parent_of)
 
     def add(self, block: int, parent: bytes, tokens: list[int]) -> None:
         """`block` holds the computed K/V of `tokens`, which follow the block keyed `parent`."""
-        self._children.setdefault(parent, {})[block] = tuple(tokens)
-        self._parent_of[block] = parent
+        branch = (parent, tokens[0])
+        self._children.setdefault(branch, {})[block] = tuple(tokens)
+        self._parent_of[block] = branch
 
     def forget(self, block: int) -> bool:
         """The block's slot is reused; True when it was a partly filled block."""
-        parent = self._parent_of.pop(block, None)
-        if parent is None:
+        branch = self._parent_of.pop(block, None)
+        if branch is None:
             return False  # a full block restored from disk is not filed here
-        children = self._children[parent]
+        children = self._children[branch]
         tokens = children.pop(block)
         if not children:
-            del self._children[parent]
+            del self._children[branch]
         return len(tokens) < self.block_size
 
     def longest(self, parent: bytes, tokens: list[int]) -> TokenMatch | None:
-        """The block after `parent` whose tokens start with the most of `tokens`."""
+        """The block after `parent` whose tokens start with the most of `tokens` (not empty)."""
         best: TokenMatch | None = None
-        for block, held in self._children.get(parent, {}).items():
+        for block, held in self._children.get((parent, tokens[0]), {}).items():
             n = 0
             for mine, theirs in zip(tokens, held, strict=False):
                 if mine != theirs:
