@@ -32,6 +32,13 @@ def tail_key(tokens: list[int], num_computed: int) -> bytes:
     return partial_block_key(keys[-1], tokens[num_computed // BS * BS : num_computed])
 
 
+def small_engine_with_disk(path, disk):
+    """24 blocks, and a disk tier to evict to."""
+    config = load_model_config(resolve_model(str(path)))
+    per_block = bytes_per_block(config, BS, torch.float32, kv_format("auto", torch.float32, "cpu"))
+    return make_engine(path, block_size=BS, kv_cache_bytes=24 * per_block, kv_disk_dir=str(disk))
+
+
 def kv_at(engine, table: list[int], positions: range) -> list[torch.Tensor]:
     """Per layer, the K and V the cache holds for `positions` of a sequence with `table`."""
     slots = torch.tensor([table[p // BS] * BS + p % BS for p in positions])
@@ -123,11 +130,7 @@ def test_concurrent_followers_each_write_into_their_own_copy(tiny_models):
 
 def test_partial_blocks_are_evicted_first_and_never_written_to_disk(tiny_models, tmp_path):
     path, reference = tiny_models["llama"]
-    config = load_model_config(resolve_model(str(path)))
-    per_block = bytes_per_block(config, BS, torch.float32, kv_format("auto", torch.float32, "cpu"))
-    engine = make_engine(
-        path, block_size=BS, kv_cache_bytes=24 * per_block, kv_disk_dir=str(tmp_path)
-    )
+    engine = small_engine_with_disk(path, tmp_path)
     prompt = list(range(100, 130))
     reply, _ = cached(engine, "a", prompt, greedy(4), "agent-a")  # 8 full blocks and 1 token
     tail = tail_key(prompt + reply, len(prompt) + 3)
@@ -142,6 +145,32 @@ def test_partial_blocks_are_evicted_first_and_never_written_to_disk(tiny_models,
     assert hit == 8 * BS and engine.prefix.stats.disk_hit_tokens == BS  # the 8th came back
     assert engine.prefix.stats.partial_hit_tokens == 0
     assert out == hf_greedy(reference, turn2, 6)
+    assert_no_leaks(engine)
+
+
+def test_the_copied_block_outlives_the_evictions_that_bring_blocks_back_from_disk(
+    tiny_models, tmp_path
+):
+    path, _ = tiny_models["qwen2"]
+    engine = small_engine_with_disk(path, tmp_path)
+    prompt = list(range(100, 130))
+    reply, _ = cached(engine, "p", prompt, greedy(4))  # 8 full blocks and 1 token
+    # Without a session, blocks go in release order: this evicts the first 3, and fills
+    # every other block, so each block that comes back from disk evicts one more.
+    cached(engine, "filler", [7 + i % 40 for i in range(69)], greedy(2))
+    assert engine.pool.num_evictions == 3 and engine.pool.num_free == engine.pool.num_cached
+    turn2 = prompt + reply + [5, 6, 7]
+    # 3 blocks from disk, then 3 tokens copied from the 4th, the next block to be evicted.
+    start(engine, {"t2": turn2}, 4)
+    seq = engine._requests["t2"][0]
+    assert seq.num_cached_tokens == 3 * BS + 3 and engine.prefix.stats.disk_hit_tokens == 3 * BS
+    cold = make_engine(path, block_size=BS, enable_prefix_caching=False)
+    start(cold, {"t2": turn2}, 4)
+    copied = range(3 * BS, 3 * BS + 3)
+    expected = kv_at(cold, cold._requests["t2"][0].block_table, copied)
+    for got, want in zip(kv_at(engine, seq.block_table, copied), expected, strict=True):
+        torch.testing.assert_close(got, want)
+    run(engine, {})
     assert_no_leaks(engine)
 
 
