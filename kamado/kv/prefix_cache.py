@@ -109,7 +109,7 @@ class PrefixCache:
         parent = seq.block_keys[found.num_blocks() - 1] if found.num_blocks() else ROOT
         found.partial = self.block_tokens.longest(parent, wanted) if wanted else None
         if found.partial is not None:
-            # Pinned while the sequence's blocks are allocated, so none of them is this one.
+            # Pinned while acquire allocates: room it holds, like the matched blocks.
             found.num_unreferenced += self.pool.ref_counts[found.partial.block] == 0
 
     def acquire(self, seq: Sequence, found: PrefixMatch) -> None:
@@ -154,7 +154,8 @@ class PrefixCache:
                 self.pool.allocate(after=seq.block_table[-1] if seq.block_table else None)
             )
             self.cache.copy_block(source, seq.block_table[-1])
-        self.pool.release(source, seq.session, found.num_blocks())  # the pin of acquire
+        # The pin of acquire; left unreferenced, the block is now owned by this session.
+        self.pool.release(source, seq.session, found.num_blocks())
         return found.partial.num_tokens if whole_chain else 0
 
     def _check_history(self, seq: Sequence) -> None:
@@ -217,6 +218,7 @@ class PrefixCache:
         return parent, seq.token_ids[num_full * self.block_size : seq.num_computed]
 
     def _keep_partial(self, seq: Sequence) -> None:
+        """Key the partly filled block, so that it stays cached and findable by its tokens."""
         tail = self._partial_tail(seq)
         if tail is None or len(seq.block_table) * self.block_size <= seq.num_computed:
             return  # nothing computed past the full blocks, or no block holds it
