@@ -153,6 +153,8 @@ class PrefixCache:
             seq.block_table.append(
                 self.pool.allocate(after=seq.block_table[-1] if seq.block_table else None)
             )
+            # Every KV format scales per token: the copied tokens stay exact as the
+            # sequence overwrites the rest of the block.
             self.cache.copy_block(source, seq.block_table[-1])
         # The pin of acquire; left unreferenced, the block is now owned by this session.
         self.pool.release(source, seq.session, found.num_blocks())
