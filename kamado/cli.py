@@ -59,6 +59,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--no-prefix-cache", action="store_true", help="recompute every prompt from scratch"
     )
     p.add_argument(
+        "--kv-host-gb",
+        type=float,
+        default=None,
+        help="host-RAM tier for KV blocks a GPU evicts, in GiB (default: a quarter of RAM up "
+        "to 16 on CUDA; none on CPU, where blocks go straight to disk)",
+    )
+    p.add_argument(
         "--kv-disk-dir",
         default=None,
         help="disk tier for evicted KV blocks (default: $KAMADO_HOME/kv-cache)",

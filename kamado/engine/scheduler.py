@@ -5,7 +5,9 @@ the token budget, paced so decodes are never frozen. A new sequence starts from 
 leading blocks the prefix cache holds for it. When KV blocks run out, the newest sequence
 is preempted: its blocks are freed (full ones stay cached) and it is recomputed later
 from its tokens, ahead of new arrivals. New arrivals are admitted session by session
-(the one running least goes first), so one agent's burst cannot starve the others.
+(the one running least goes first), so one agent's burst cannot starve the others. One
+whose cached prefix continues in host RAM or on disk waits, holding the blocks being
+filled, while the others run, and goes first once they are back.
 
 With speculation, a decoding sequence also carries the draft tokens the speculator
 planned for it, verified in the same step, where free blocks allow: a draft never
@@ -92,17 +94,24 @@ class Scheduler:
             budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting()
-            found = self.prefix.match(seq)
-            cached = found.num_blocks() * self.block_size
-            num_new = min(seq.num_tokens - cached, budget)
-            # Matched blocks nobody reads now count as free until this sequence takes them.
-            takes = -(-(cached + num_new) // self.block_size) - len(found.device_blocks)
-            headroom = self._watermark if self.running else 0
-            if self.pool.num_free - takes - found.num_unreferenced < headroom:
-                break
-            self.prefix.acquire(seq, found)
+            if seq is None:
+                break  # the rest wait for their blocks to come back from host RAM or disk
+            if seq.restore is not None:
+                self.prefix.finish_restore(seq)
+            else:
+                found = self.prefix.match(seq)
+                cached = found.num_blocks() * self.block_size
+                num_new = min(seq.num_tokens - cached, budget)
+                # Matched blocks nobody reads now count as free until this sequence takes them.
+                takes = -(-(cached + num_new) // self.block_size) - len(found.device_blocks)
+                headroom = self._watermark if self.running else 0
+                if self.pool.num_free - takes - found.num_unreferenced < headroom:
+                    break
+                self.prefix.acquire(seq, found)
+                if seq.restore is not None:
+                    continue  # it runs once its blocks are back; others go on meanwhile
             num_new = min(seq.num_uncomputed, budget)
-            if not self._reserve(seq, num_new):  # a disk block failed to load: less was cached
+            if not self._reserve(seq, num_new):  # less was restored, or others took the room
                 self.free(seq)
                 seq.num_computed = 0
                 break
@@ -118,15 +127,20 @@ class Scheduler:
             return self.schedule()
         return batch
 
-    def _next_waiting(self) -> Sequence:
-        """The sequence to admit next. Preempted ones first: they were running already.
+    def _next_waiting(self) -> Sequence | None:
+        """The sequence to admit next, of those not waiting for a restore. One whose blocks
+        came back first: it holds them. Then preempted ones: they were running already.
         Then the session with the fewest running sequences, oldest first among equals, so
         one client's burst of requests cannot starve the other agents."""
+        ready = [s for s in self.waiting if s.restore is None or s.restore.done()]
+        if not ready:
+            return None
         running = Counter(_fairness_key(s) for s in self.running)
         turn = self._last_admitted
         return min(
-            self.waiting,
+            ready,
             key=lambda s: (
+                s.restore is None,
                 not s.preempted,
                 running[_fairness_key(s)],
                 turn.get(_fairness_key(s), -1),  # the session served longest ago first

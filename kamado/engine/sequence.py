@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kamado.kv.tier_transfers import Restore
 
 
 class Status(enum.Enum):
@@ -32,6 +36,8 @@ class Sequence:
     preempted: bool = False  # it ran and lost its KV; it is admitted again before new ones
     block_keys: list[bytes] = field(default_factory=list)  # content keys of its full blocks
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
+    # Cached blocks coming back from host RAM or disk; it waits until they are.
+    restore: Restore | None = None
     # Choices 1..n-1 of a request wait here until choice 0 has prefilled the shared prompt.
     pending_forks: list[Sequence] = field(default_factory=list)
 

@@ -1,5 +1,6 @@
 """Automatic prefix caching: a new sequence starts from the full blocks some earlier one
-computed for the same leading tokens, on the device or restored from the disk tier.
+computed for the same leading tokens, on the device or brought back from host RAM or disk
+(kv/tier_transfers.py) before it runs.
 
 Only full blocks are shared, and never the block holding a sequence's last token: at least
 one token is computed so there are logits to sample from.
@@ -8,15 +9,15 @@ one token is computed so there are logits to sample from.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kamado.kv.block_hash import extend_keys
 from kamado.kv.block_pool import BlockPool
-from kamado.kv.cache import KVCache
-from kamado.kv.disk_tier import DiskTier
 from kamado.kv.eviction import MAX_SESSIONS
+from kamado.kv.tier_transfers import TierTransfers
 
 if TYPE_CHECKING:
     from kamado.engine.sequence import Sequence
@@ -27,20 +28,19 @@ log = logging.getLogger(__name__)
 @dataclass
 class PrefixMatch:
     device_blocks: list[int] = field(default_factory=list)  # cached on the device, in order
-    disk_keys: list[bytes] = field(default_factory=list)  # the blocks after them, on disk
+    lower_keys: list[bytes] = field(default_factory=list)  # the blocks after them, below
     num_unreferenced: int = 0  # device blocks nobody reads now: taking them uses free room
 
     def num_blocks(self) -> int:
-        return len(self.device_blocks) + len(self.disk_keys)
+        return len(self.device_blocks) + len(self.lower_keys)
 
 
 @dataclass
 class PrefixStats:
     queried_tokens: int = 0  # prompt tokens looked up (once per request)
     device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
     disk_hit_tokens: int = 0
-    disk_bytes_written: int = 0
-    disk_bytes_read: int = 0
     # Turns whose prompt changed what the session's previous prompt said (history
     # rewritten by the chat template or the client), and the tokens that cost.
     history_rewrites: int = 0
@@ -59,20 +59,18 @@ class PrefixCache:
     def __init__(
         self,
         pool: BlockPool,
-        cache: KVCache,
         block_size: int,
-        disk: DiskTier | None = None,
+        transfers: TierTransfers | None = None,
         enabled: bool = True,
     ) -> None:
         self.pool = pool
-        self.cache = cache
         self.block_size = block_size
-        self.disk = disk
+        self.transfers = transfers
         self.enabled = enabled
         self.stats = PrefixStats()
         self._newest: OrderedDict[str, SessionTurn] = OrderedDict()
-        if disk is not None:
-            pool.on_evict = self._save
+        if transfers is not None:
+            pool.on_evict = transfers.evicting
 
     def match(self, seq: Sequence) -> PrefixMatch:
         """The cached leading blocks of `seq` (nothing is taken yet)."""
@@ -83,39 +81,59 @@ class PrefixCache:
         extend_keys(keys, seq.token_ids, (seq.num_tokens - 1) // self.block_size, self.block_size)
         for key in keys[: (seq.num_tokens - 1) // self.block_size]:
             block = self.pool.lookup(key)
-            if block is not None and not found.disk_keys:
+            if block is not None and not found.lower_keys:
                 found.device_blocks.append(block)
                 found.num_unreferenced += self.pool.ref_counts[block] == 0
-            elif block is None and self.disk is not None and key in self.disk:
-                found.disk_keys.append(key)
+            elif block is None and self.transfers is not None and key in self.transfers:
+                found.lower_keys.append(key)
             else:
                 break
         return found
 
     def acquire(self, seq: Sequence, found: PrefixMatch) -> None:
-        """Give `seq` the matched blocks (restoring those on disk) and skip their tokens."""
+        """Give `seq` the matched device blocks and skip their tokens; blocks found below
+        start coming back (`seq.restore`), and the sequence waits for `finish_restore`."""
         self.pool.evictable.touch(seq.session)
         for block in found.device_blocks:
             self.pool.reuse(block)
             seq.block_table.append(block)
-        device_tokens = len(seq.block_table) * self.block_size
-        for key in found.disk_keys:
-            data = self.disk.load(key) if self.disk is not None else None
-            if data is None:
-                break  # the file went bad since the lookup: compute from here
-            block = self.pool.allocate(after=seq.block_table[-1] if seq.block_table else None)
-            self.cache.write_block(block, data)
+        seq.num_computed = len(seq.block_table) * self.block_size
+        if found.lower_keys:
+            assert self.transfers is not None
+            blocks = []
+            for _ in found.lower_keys:
+                after = seq.block_table[-1] if seq.block_table else None
+                blocks.append(self.pool.allocate(after=after))
+                seq.block_table.append(blocks[-1])
+            seq.restore = self.transfers.restore(blocks, found.lower_keys)
+        else:
+            self._count_hits(seq, {})
+
+    def finish_restore(self, seq: Sequence) -> None:
+        """The restore of `seq` ended: its filled blocks become findable and count as
+        computed; blocks after a failed read go back to the pool."""
+        restore = seq.restore
+        assert restore is not None and self.transfers is not None
+        self.transfers.finish(restore)
+        seq.restore = None
+        for block, key in zip(restore.blocks[: restore.num_loaded], restore.keys, strict=False):
             self.pool.set_key(block, key)
-            seq.block_table.append(block)
-            self.stats.disk_bytes_read += data.numel() * data.element_size()
-        cached = len(seq.block_table) * self.block_size
-        seq.num_computed = cached
-        if seq.num_cached_tokens is None:  # a recomputation after preemption is not a new query
-            seq.num_cached_tokens = cached
-            self.stats.queried_tokens += seq.num_prompt_tokens
-            self.stats.device_hit_tokens += device_tokens
-            self.stats.disk_hit_tokens += cached - device_tokens
-            self._check_history(seq)
+        num_blocks = len(seq.block_table) - len(restore.blocks) + restore.num_loaded
+        self.pool.shrink(seq.block_table, num_blocks * self.block_size, self.block_size)
+        seq.num_computed = num_blocks * self.block_size
+        self._count_hits(seq, Counter(restore.sources))
+
+    def _count_hits(self, seq: Sequence, restored: Mapping[str, int]) -> None:
+        if seq.num_cached_tokens is not None:
+            return  # a recomputation after preemption is not a new query
+        seq.num_cached_tokens = seq.num_computed
+        host = restored.get("host", 0) * self.block_size
+        disk = restored.get("disk", 0) * self.block_size
+        self.stats.queried_tokens += seq.num_prompt_tokens
+        self.stats.device_hit_tokens += seq.num_computed - host - disk
+        self.stats.host_hit_tokens += host
+        self.stats.disk_hit_tokens += disk
+        self._check_history(seq)
 
     def _check_history(self, seq: Sequence) -> None:
         """An agent's next prompt should begin with its previous prompt. Where it differs
@@ -152,11 +170,15 @@ class PrefixCache:
         for b in range(num_computed_before // self.block_size, num_full):
             block, key = seq.block_table[b], seq.block_keys[b]
             self.pool.set_key(block, key)
-            if self.disk is not None and self.pool.key_of.get(block) == key:
-                self._save(block, key)
+            if self.transfers is not None and self.pool.key_of.get(block) == key:
+                self.transfers.filled(block, key)
 
     def release(self, seq: Sequence) -> None:
-        """The sequence lets go of its blocks; full ones stay cached, owned by its session."""
+        """The sequence lets go of its blocks; full ones stay cached, owned by its session.
+        A restore still running is stopped first: its blocks are being written."""
+        if seq.restore is not None:
+            seq.restore.cancelled = True
+            self.finish_restore(seq)
         for depth, block in enumerate(seq.block_table):
             self.pool.release(block, seq.session, depth)
         seq.block_table = []
@@ -179,11 +201,3 @@ class PrefixCache:
         self._newest.move_to_end(seq.session)
         if len(self._newest) > MAX_SESSIONS:
             self._newest.popitem(last=False)
-
-    def _save(self, block: int, key: bytes) -> None:
-        """Keep a block's K/V on disk: written through when the block fills (on CPU and
-        unified memory a file write is cheap, and the tier then survives a crash), and again
-        before eviction if the disk tier has dropped it meanwhile."""
-        assert self.disk is not None
-        if key not in self.disk:
-            self.stats.disk_bytes_written += self.disk.store(key, self.cache.read_block(block))
