@@ -155,7 +155,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--no-peer", action="store_true", help="skip transformers side by side")
+    p.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="skip the baseline: transformers side by side (--agents: the cache-off run)",
+    )
     p.add_argument("--tokenizer", default=None, help="HF tokenizer dir (--structured, synthetic)")
     p.add_argument("--out", default=None, help="write raw results JSON here")
 
