@@ -144,7 +144,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--spec", action="store_true", help="decode speed, speculation on vs off")
     p.add_argument(
-        "--speculation", default="auto", help="--spec: the speculation mode to compare with off"
+        "--speculation",
+        default="auto",
+        help="--spec: the speculation mode to compare with off; --agents: the mode to run",
     )
     p.add_argument(
         "--spec-verify",

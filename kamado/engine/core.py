@@ -54,6 +54,10 @@ class EngineStats:
     num_preemptions: int = 0
     steps: int = 0
     last_step_seconds: float = 0.0
+    # What the last step carried: decoding sequences, prompt tokens, draft tokens verified.
+    last_step_decodes: int = 0
+    last_step_prefill_tokens: int = 0
+    last_step_draft_tokens: int = 0
     # Prefix cache: prompt tokens looked up, and those found on the device, in host RAM or
     # on disk.
     prefix_queried_tokens: int = 0
@@ -299,6 +303,8 @@ class EngineCore:
                 item.seq.pending_forks = []
         deltas = [self._append(v) for v in verified]
         self._update_stats(num_prefill, sum(len(d.new_token_ids) for d in deltas), seconds)
+        s = self.stats
+        s.last_step_decodes, s.last_step_draft_tokens = num_decodes, num_drafted
         return deltas
 
     def _append(self, verified: Verified) -> TokenDelta:
@@ -386,6 +392,7 @@ class EngineCore:
         s.generation_tokens_total += num_generated
         s.steps += 1
         s.last_step_seconds = seconds
+        s.last_step_prefill_tokens = num_prefill
 
     def snapshot(self) -> EngineStats:
         """Stats as of now (also between steps, e.g. after aborts)."""

@@ -180,7 +180,10 @@ class Scheduler:
         return [s for s in self.running if s.num_uncomputed == 1]
 
     def _prefilling(self) -> list[Sequence]:
-        return [s for s in self.running if s.num_uncomputed > 1]
+        """Prompts being prefilled, fewest tokens left first: an agent's short follow-up
+        turn is not queued behind another agent's long cold prompt (which takes what the
+        short ones leave of each step's budget)."""
+        return sorted((s for s in self.running if s.num_uncomputed > 1), key=_tokens_left)
 
     def _reserve(self, seq: Sequence, num_new: int) -> bool:
         return self.pool.grow(seq.block_table, seq.num_computed + num_new, self.block_size)
@@ -220,6 +223,10 @@ class Scheduler:
         self.prefix.end_turn(seq)
         if self.speculator is not None:
             self.speculator.finish(seq)
+
+
+def _tokens_left(seq: Sequence) -> int:
+    return seq.num_uncomputed
 
 
 def _fairness_key(seq: Sequence) -> str:
