@@ -77,6 +77,9 @@ class EngineConfig:
     # A step carrying a prefill chunk beside running decodes may take at most this many
     # times a decode-only step, so decoding streams are never frozen by a long prompt.
     decode_stall_factor: float = 1.25
+    # The same bound while an agent's short follow-up turn (<= 2,048 new prompt tokens) is
+    # prefilled: its time to first token is what the agent waits for.
+    short_turn_stall_factor: float = 2.0
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     # Replay decode steps from CUDA graphs (CUDA with the triton backend only).
     cuda_graphs: bool = True

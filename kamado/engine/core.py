@@ -117,7 +117,11 @@ class EngineCore:
             self.transfers,
             enabled=config.enable_prefix_caching,
         )
-        self.pacer = PrefillPacer(config.decode_stall_factor, config.max_num_batched_tokens)
+        self.pacer = PrefillPacer(
+            config.decode_stall_factor,
+            config.max_num_batched_tokens,
+            config.short_turn_stall_factor,
+        )
         self.speculator = make_speculator(config, self.max_model_len, self.model_config.vocab_size)
         self.scheduler = Scheduler(
             self.pool,

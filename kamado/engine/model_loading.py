@@ -21,7 +21,7 @@ from kamado.surgery.registry import make_steps, weight_step_names
 
 CPU_KV_FRACTION = 0.25  # of available RAM, on CPU, when no budget is given
 CPU_KV_CAP = 4 << 30
-HOST_TIER_CAP = 16 << 30  # default host-RAM tier on a discrete accelerator
+HOST_TIER_CAP = 8 << 30  # default host-RAM tier on a discrete accelerator
 
 
 @dataclass
@@ -77,7 +77,7 @@ def _default_kv_budget() -> int:
 
 def host_tier_bytes(config: EngineConfig) -> int:
     """RAM for blocks the accelerator evicts: as set, else on a discrete CUDA device a
-    quarter of the machine's memory up to 16 GiB; none where device memory is host memory."""
+    quarter of the machine's memory up to 8 GiB; none where device memory is host memory."""
     if config.kv_host_bytes is not None:
         return config.kv_host_bytes
     device = torch.device(config.device)

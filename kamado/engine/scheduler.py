@@ -39,6 +39,22 @@ class ScheduledSeq:
         return self.num_new - len(self.draft) == self.seq.num_uncomputed
 
 
+@dataclass
+class PrefillBudget:
+    """Prompt tokens a step may still take: `paced` for any prompt, up to `short` in all
+    while an agent's short follow-up turn is among them (the pacer's looser bound)."""
+
+    paced: int
+    short: int
+
+    def left(self, short_turn: bool) -> int:
+        return self.short if short_turn else self.paced
+
+    def spend(self, num_tokens: int) -> None:
+        self.paced = max(0, self.paced - num_tokens)
+        self.short -= num_tokens
+
+
 class Scheduler:
     def __init__(
         self,
@@ -80,19 +96,20 @@ class Scheduler:
         num_decodes = len(batch)
         if self.speculator is not None and batch:
             self._add_drafts(batch)
-        budget = min(
-            self.max_num_batched_tokens - sum(item.num_new for item in batch),
-            self.pacer.prefill_limit(num_decodes),
+        room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
+        budget = PrefillBudget(
+            min(room, self.pacer.prefill_limit(num_decodes)),
+            min(room, self.pacer.prefill_limit(num_decodes, short_turn=True)),
         )
         for seq in self._prefilling():
-            if budget <= 0:
-                break
-            num_new = min(seq.num_uncomputed, budget)
+            num_new = min(seq.num_uncomputed, budget.left(self._short_turn(seq)))
+            if num_new <= 0:
+                continue
             if not self._reserve(seq, num_new):
                 break
             batch.append(ScheduledSeq(seq, num_new))
-            budget -= num_new
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            budget.spend(num_new)
+        while self.waiting and budget.left(True) > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting()
             if seq is None:
                 break  # the rest wait for their blocks to come back from host RAM or disk
@@ -101,7 +118,10 @@ class Scheduler:
             else:
                 found = self.prefix.match(seq)
                 cached = found.num_blocks() * self.block_size
-                num_new = min(seq.num_tokens - cached, budget)
+                short = seq.num_tokens - cached <= self.pacer.SHORT_TURN_TOKENS
+                num_new = min(seq.num_tokens - cached, budget.left(short))
+                if num_new <= 0:
+                    break
                 # Matched blocks nobody reads now count as free until this sequence takes them.
                 takes = -(-(cached + num_new) // self.block_size) - len(found.device_blocks)
                 headroom = self._watermark if self.running else 0
@@ -110,8 +130,9 @@ class Scheduler:
                 self.prefix.acquire(seq, found)
                 if seq.restore is not None:
                     continue  # it runs once its blocks are back; others go on meanwhile
-            num_new = min(seq.num_uncomputed, budget)
-            if not self._reserve(seq, num_new):  # less was restored, or others took the room
+            num_new = min(seq.num_uncomputed, budget.left(self._short_turn(seq)))
+            if num_new <= 0 or not self._reserve(seq, num_new):
+                # Less was restored, or others took the room: what it holds stays cached.
                 self.free(seq)
                 seq.num_computed = 0
                 break
@@ -120,7 +141,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             batch.append(ScheduledSeq(seq, num_new))
-            budget -= num_new
+            budget.spend(num_new)
         if not batch and len(self.running) > 1:
             # Partly prefilled prompts hold every block and none can grow: make room.
             self.preempt(max(self.running, key=lambda s: s.arrival))
@@ -223,6 +244,13 @@ class Scheduler:
         self.prefix.end_turn(seq)
         if self.speculator is not None:
             self.speculator.finish(seq)
+
+    def _short_turn(self, seq: Sequence) -> bool:
+        """An agent's follow-up turn: few new prompt tokens, and few left (a prompt
+        recomputed after preemption is long again)."""
+        new = seq.num_prompt_tokens - (seq.num_cached_tokens or 0)
+        limit = self.pacer.SHORT_TURN_TOKENS
+        return new <= limit and seq.num_uncomputed <= limit
 
 
 def _tokens_left(seq: Sequence) -> int:

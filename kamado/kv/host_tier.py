@@ -10,9 +10,7 @@ waiting; the slot keeps the event that marks its copy done, and whoever reads th
 disk writer, a restore) waits for that event first.
 
 Only for discrete accelerators: on CPU and unified memory the device memory is host memory,
-so there is no second copy to keep and blocks go straight to the disk tier. Pinning many
-GiB takes seconds (about 10 for 16 GiB on an H200 host), so pinned slots are allocated on a
-thread of their own while the engine starts serving; until then evicted blocks go to disk.
+so there is no second copy to keep and blocks go straight to the disk tier.
 """
 
 from __future__ import annotations
@@ -31,13 +29,8 @@ class HostTier:
         self, capacity_bytes: int, block_bytes: int, pin: bool, disk: DiskTier | None
     ) -> None:
         self.num_slots = capacity_bytes // block_bytes
-        self.slots = torch.empty(0, block_bytes, dtype=torch.uint8)  # until allocated
-        self.allocated = threading.Event()
-        if pin:
-            args = (block_bytes, pin)
-            threading.Thread(target=self._allocate, args=args, name="kv-host", daemon=True).start()
-        else:
-            self._allocate(block_bytes, pin)
+        # Pinning is slow (about 10 s for 16 GiB on an H200 host) but paid once, at start.
+        self.slots = torch.empty((self.num_slots, block_bytes), dtype=torch.uint8, pin_memory=pin)
         self.disk = disk
         self._lock = threading.Lock()  # slots are released from the disk writer's thread
         self._slot_of: OrderedDict[bytes, int] = OrderedDict()  # least recently stored first
@@ -49,10 +42,6 @@ class HostTier:
         self.num_evictions = 0  # blocks pushed out of host RAM for newer ones
         self.num_bypassed = 0  # device blocks that found every slot busy (went to disk)
 
-    def _allocate(self, block_bytes: int, pin: bool) -> None:
-        self.slots = torch.empty((self.num_slots, block_bytes), dtype=torch.uint8, pin_memory=pin)
-        self.allocated.set()
-
     def __len__(self) -> int:
         return len(self._slot_of)
 
@@ -62,9 +51,6 @@ class HostTier:
     def claim(self, keys: list[bytes]) -> list[int | None]:
         """A slot for each block about to arrive (None: already here, or every slot is still
         being copied out); the oldest blocks make room, the disk tier holding them already."""
-        if not self.allocated.is_set():
-            self.num_bypassed += len(keys)
-            return [None] * len(keys)
         self._hand_to_disk()
         slots: list[int | None] = []
         with self._lock:
