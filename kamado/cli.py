@@ -63,7 +63,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=None,
         help="host-RAM tier for KV blocks a GPU evicts, in GiB (default: a quarter of RAM up "
-        "to 16 on CUDA; none on CPU, where blocks go straight to disk)",
+        "to 8 on CUDA; none on CPU, where blocks go straight to disk)",
     )
     p.add_argument(
         "--kv-disk-dir",

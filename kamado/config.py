@@ -94,7 +94,7 @@ class EngineConfig:
     # Keep full KV blocks of finished turns and reuse them for requests with the same prefix.
     enable_prefix_caching: bool = True
     # Host-RAM tier for cached blocks a discrete accelerator evicts; None: a quarter of the
-    # machine's memory up to 16 GiB on CUDA, none on CPU (device memory is host memory).
+    # machine's memory up to 8 GiB on CUDA, none on CPU (device memory is host memory).
     kv_host_bytes: int | None = None
     # Disk tier for cached blocks evicted from the device (None: off), and its size cap.
     kv_disk_dir: str | None = None
