@@ -155,6 +155,11 @@ class DiskTier:
             key, written = self._queue.get()
             try:
                 self._write(key)
+            except Exception:  # never let one bad block stop the writer
+                log.exception("disk KV tier: writing a block failed")
+                with self._lock:
+                    data = self._pending.pop(key, None)
+                    self._pending_bytes -= 0 if data is None else data.numel()
             finally:
                 if written is not None:
                     written()

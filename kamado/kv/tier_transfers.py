@@ -13,6 +13,7 @@ blocks are back.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,8 @@ import torch
 from kamado.kv.cache import KVCache
 from kamado.kv.disk_tier import DiskTier
 from kamado.kv.host_tier import HostTier
+
+log = logging.getLogger(__name__)
 
 RESTORE_CHUNK = 64  # blocks staged on the device per scatter into the cache
 
@@ -154,10 +157,13 @@ class TierTransfers:
                 with torch.cuda.stream(self._stream):
                     self._stream.wait_event(ready)
                     self._fill_chunks(restore)
-                self._stream.synchronize()
             else:
                 self._fill_chunks(restore)
+        except Exception:  # what was filled stays good; the rest is computed
+            log.exception("KV restore stopped after %d blocks", restore.num_loaded)
         finally:
+            if self._stream is not None:
+                self._stream.synchronize()
             for taken in restore.host_slots:
                 if taken is not None:
                     assert self.host is not None

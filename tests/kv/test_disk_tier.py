@@ -153,3 +153,18 @@ def test_quantized_blocks_come_back_from_disk_after_a_restart(
     out = run(restarted, {"again": (PROMPT, greedy(10))})["again"][0]
     assert restarted.prefix.stats.disk_hit_tokens == len(PROMPT) - BS
     assert out == cold["p"][0]  # codes and scales restored byte for byte
+
+
+def test_a_block_that_fails_to_write_does_not_stop_the_writer(tmp_path, monkeypatch):
+    from kamado.kv import disk_tier
+
+    tier = DiskTier(tmp_path, 1 << 20, b"F" * 16, 64)
+    checksum = disk_tier._checksum
+    monkeypatch.setattr(disk_tier, "_checksum", lambda payload: 1 / 0)
+    tier.store(b"a" * 16, torch.ones(16))
+    tier.flush()  # returns: the failure was logged, not raised in the thread
+    assert b"a" * 16 not in tier
+    monkeypatch.setattr(disk_tier, "_checksum", checksum)
+    tier.store(b"b" * 16, torch.ones(16))
+    tier.flush()
+    assert torch.equal(tier.load(b"b" * 16).view(torch.float32), torch.ones(16))
