@@ -83,7 +83,7 @@ def _run(
             started = time.perf_counter()
             continue
         steps += 1
-        tokens += len(deltas)
+        tokens += sum(len(d.new_token_ids) for d in deltas)
     seconds = time.perf_counter() - started
     assert started is not None and tokens == len(prompts) * (gen_len - 1), "a sequence ended early"
     after = engine.guides.stats
@@ -113,7 +113,8 @@ def run_structured(
     """`tokenizer_dir` gives a synthetic model (random weights at a real shape, for GPUs
     without the model file) a real model's tokenizer: masks cost the same for any weights."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    engine = EngineCore(EngineConfig(model=model, dtype=dtype, device=device))
+    # Constrained requests are never speculated on; the free run must not be either.
+    engine = EngineCore(EngineConfig(model=model, dtype=dtype, device=device, speculation="off"))
     if tokenizer_dir is not None:
         from transformers import AutoTokenizer
 
