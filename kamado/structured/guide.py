@@ -177,7 +177,9 @@ class Guides:
             self._tokenizer = llguidance.hf.from_tokenizer(
                 hf, n_vocab=self._vocab_size, eos_token=self._eos or None
             )
-            self._executor = llguidance.LLExecutor()
+            # One thread: matchers copied from one compiled grammar share its lexer behind a
+            # lock, so more threads wait on each other (scripts/mask_speed.py).
+            self._executor = llguidance.LLExecutor(1)
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="masks")
             self._bitmask = TokenBitmask(self._vocab_size, self._device)
         return self._tokenizer
