@@ -134,7 +134,10 @@ class EngineCore:
         )
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         self.guides = Guides(
-            config.model, self.model_config.vocab_size, self.model_config.eos_token_ids
+            config.model,
+            self.model_config.vocab_size,
+            self.model_config.eos_token_ids,
+            self.runner.device,
         )
         self._requests: dict[str, list[Sequence]] = {}
         self._arrivals = 0
