@@ -59,6 +59,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--no-prefix-cache", action="store_true", help="recompute every prompt from scratch"
     )
     p.add_argument(
+        "--kv-host-gb",
+        type=float,
+        default=None,
+        help="host-RAM tier for KV blocks a GPU evicts, in GiB (default: a quarter of RAM up "
+        "to 8 on CUDA; none on CPU, where blocks go straight to disk)",
+    )
+    p.add_argument(
         "--kv-disk-dir",
         default=None,
         help="disk tier for evicted KV blocks (default: $KAMADO_HOME/kv-cache)",
@@ -137,7 +144,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--spec", action="store_true", help="decode speed, speculation on vs off")
     p.add_argument(
-        "--speculation", default="auto", help="--spec: the speculation mode to compare with off"
+        "--speculation",
+        default="auto",
+        help="--spec: the speculation mode to compare with off; --agents: the mode to run",
     )
     p.add_argument(
         "--spec-verify",
@@ -148,7 +157,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--no-peer", action="store_true", help="skip transformers side by side")
+    p.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="skip the baseline: transformers side by side (--agents: the cache-off run)",
+    )
     p.add_argument("--tokenizer", default=None, help="HF tokenizer dir (--structured, synthetic)")
     p.add_argument("--out", default=None, help="write raw results JSON here")
 

@@ -77,6 +77,9 @@ class EngineConfig:
     # A step carrying a prefill chunk beside running decodes may take at most this many
     # times a decode-only step, so decoding streams are never frozen by a long prompt.
     decode_stall_factor: float = 1.25
+    # The same bound while an agent's short follow-up turn (<= 2,048 new prompt tokens) is
+    # prefilled: its time to first token is what the agent waits for.
+    short_turn_stall_factor: float = 2.0
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     # Replay decode steps from CUDA graphs (CUDA with the triton backend only).
     cuda_graphs: bool = True
@@ -90,6 +93,9 @@ class EngineConfig:
     surgery: tuple[str, ...] = ()
     # Keep full KV blocks of finished turns and reuse them for requests with the same prefix.
     enable_prefix_caching: bool = True
+    # Host-RAM tier for cached blocks a discrete accelerator evicts; None: a quarter of the
+    # machine's memory up to 8 GiB on CUDA, none on CPU (device memory is host memory).
+    kv_host_bytes: int | None = None
     # Disk tier for cached blocks evicted from the device (None: off), and its size cap.
     kv_disk_dir: str | None = None
     kv_disk_bytes: int = 8 << 30

@@ -32,6 +32,7 @@ class Turn:
     ttft_s: float
     seconds: float
     others_decoding: int  # other agents mid-reply when this turn arrived
+    steps_to_first_token: int  # engine steps from its arrival to its first token
 
 
 @dataclass
@@ -44,6 +45,8 @@ class Agent:
     submitted: float = 0.0
     first_token: float | None = None
     others_decoding: int = 0
+    submitted_step: int = 0
+    first_token_step: int = 0
     reply: list[int] = field(default_factory=list)
 
 
@@ -71,11 +74,13 @@ def run_agents(
     params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
     done: list[Turn] = []
     decoded = 0
+    steps: list[tuple[int, int, int, float]] = []  # (decodes, prompt tokens, drafts, s)
     started = time.perf_counter()
 
     def submit(agent: Agent) -> None:
         agent.request_id = f"agent{agent.index}-turn{agent.turn}"
         agent.submitted, agent.first_token, agent.reply = time.perf_counter(), None, []
+        agent.submitted_step = engine.stats.steps
         agent.others_decoding = sum(
             1 for a in crew if a is not agent and a.request_id and a.first_token is not None
         )
@@ -85,11 +90,19 @@ def run_agents(
         submit(agent)
     by_id = {a.request_id: a for a in crew}
     while engine.has_work():
-        for delta in engine.step():
+        before = engine.stats.steps
+        deltas = engine.step()
+        s = engine.stats
+        if s.steps > before:
+            steps.append(
+                (s.last_step_decodes, s.last_step_prefill_tokens, s.last_step_draft_tokens,
+                 s.last_step_seconds)
+            )  # fmt: skip
+        for delta in deltas:
             agent = by_id[delta.request_id]
             now = time.perf_counter()
             if agent.first_token is None:
-                agent.first_token = now
+                agent.first_token, agent.first_token_step = now, engine.stats.steps
             agent.reply += delta.new_token_ids
             decoded += len(delta.new_token_ids)
             if delta.finish_reason is None:
@@ -103,6 +116,7 @@ def run_agents(
                     agent.first_token - agent.submitted,
                     now - agent.submitted,
                     agent.others_decoding,
+                    agent.first_token_step - agent.submitted_step,
                 )
             )
             agent.tokens += agent.reply + _ids(rng, new_tokens, vocab)
@@ -112,7 +126,7 @@ def run_agents(
                 submit(agent)
                 by_id[agent.request_id] = agent
     wall = time.perf_counter() - started
-    return summarize(done, decoded, wall)
+    return {**summarize(done, decoded, wall), "steps": steps}
 
 
 def summarize(done: list[Turn], decoded: int, wall_s: float) -> dict[str, Any]:
@@ -150,10 +164,13 @@ def run_agents_bench(
     turns: int = 4,
     gen_len: int = 32,
     kv_cache_bytes: int | None = None,
+    baseline: bool = True,
+    speculation: str = "auto",
 ) -> dict[str, Any]:
-    """The same sessions with the prefix cache on, then off, each on a fresh engine."""
+    """The same sessions with the prefix cache on, then (`baseline`) off, each on a fresh
+    engine."""
     runs = {}
-    for cache in (True, False):
+    for cache in (True, False) if baseline else (True,):
         engine = EngineCore(
             EngineConfig(
                 model=model,
@@ -161,6 +178,7 @@ def run_agents_bench(
                 dtype=dtype,
                 kv_cache_bytes=kv_cache_bytes,
                 enable_prefix_caching=cache,
+                speculation=speculation,
             )
         )
         # A short session of its own first: first allocations and compilation are not timed.
@@ -173,7 +191,8 @@ def run_agents_bench(
             import torch
 
             torch.cuda.empty_cache()
-    on, off = (runs[k]["ttft_follow_ups"]["median_s"] for k in ("cache_on", "cache_off"))
+    on = runs["cache_on"]["ttft_follow_ups"]["median_s"]
+    off = runs["cache_off"]["ttft_follow_ups"]["median_s"] if baseline else None
     speedup = off / on if on and off else None
     if speedup is not None:
         print(f"follow-up TTFT median {speedup:.1f}x lower with the prefix cache")
@@ -185,6 +204,7 @@ def run_agents_bench(
         "context_tokens": context_tokens,
         "new_tokens": new_tokens,
         "gen_len": gen_len,
+        "speculation": speculation,
         "ttft_speedup_follow_ups": speedup,
         **runs,
     }

@@ -49,7 +49,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
         results = run_agents_bench(
             model, args.device, args.dtype, args.agents, args.prompt_len or 4096,
-            args.new_tokens, args.turns, args.gen_len or 32,
+            args.new_tokens, args.turns, args.gen_len or 32, baseline=not args.no_peer,
+            speculation=args.speculation,
         )  # fmt: skip
         write_results(args.out, "agents", results)
         return 0

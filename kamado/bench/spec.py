@@ -5,7 +5,9 @@ output an agent produces: (a) a file rewritten from its context with a small cha
 Both engines are loaded side by side and run the same greedy requests alternately, so a
 shared machine's load drifts over both alike; outputs must be identical. Decode speed is
 tokens after the first over the time from the first to the last (prefill is the same for
-both and not what speculation changes).
+both and not what speculation changes). In bf16 two logits can round to the same value, and
+verifying several tokens at once rounds differently from one at a time: where outputs
+differ, the first differing position is checked for such a tie in the off engine.
 """
 
 from __future__ import annotations
@@ -156,7 +158,8 @@ def run_spec_bench(
                     f"{tokens} tokens in {steps} steps, accepted {run.accepted}/{run.drafted}",
                     flush=True,
                 )
-    summary = _summary(runs, speculation)
+    ties = _first_differences(engines["off"], prompts, runs, speculation)
+    summary = _summary(runs, speculation, ties)
     return {
         "model": model,
         "dtype": dtype,
@@ -167,7 +170,50 @@ def run_spec_bench(
     }
 
 
-def _summary(runs: list[SpecRun], speculation: str) -> dict[str, Any]:
+def _first_differences(
+    off: EngineCore,
+    prompts: dict[str, list[list[int]]],
+    runs: list[SpecRun],
+    speculation: str,
+) -> dict[str, list[dict[str, Any]]]:
+    """Per task, where an output with speculation first differs from the one without, and
+    whether the off engine's two best tokens there tie (a rounding tie, not a wrong token)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for on_run in (r for r in runs if r.speculation == speculation):
+        off_run = next(
+            r
+            for r in runs
+            if (r.task, r.repeat, r.speculation) == (on_run.task, on_run.repeat, "off")
+        )
+        for prompt, a, b in zip(prompts[on_run.task], on_run.outputs, off_run.outputs, strict=True):
+            at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+            if at is None:
+                continue
+            off.add_request(
+                "tie", prompt + b[:at], SamplingParams(temperature=0.0, max_tokens=1, logprobs=2)
+            )
+            top: list[tuple[int, float]] = []
+            while off.has_work():
+                for delta in off.step():
+                    if delta.logprobs:
+                        top = delta.logprobs[0].top
+            best = [t for t, lp in top if lp == top[0][1]]
+            found.setdefault(on_run.task, []).append(
+                {
+                    "repeat": on_run.repeat,
+                    "position": at,
+                    "on_token": a[at],
+                    "off_token": b[at],
+                    "off_top": top,
+                    "tie": a[at] in best and b[at] in best,
+                }
+            )
+    return found
+
+
+def _summary(
+    runs: list[SpecRun], speculation: str, differences: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
     print("\nspeculation on / off, decode tok/s (median over repeats):")
     summary = {}
     for task, target in TARGETS.items():
@@ -190,6 +236,8 @@ def _summary(runs: list[SpecRun], speculation: str) -> dict[str, Any]:
             "tokens_per_step": sum(r.tokens for r in on) / sum(r.decode_steps for r in on),
             "accepted_per_token": accepted / sum(r.tokens for r in on),
             "identical_outputs": all(a.outputs == b.outputs for a, b in zip(on, off, strict=True)),
+            "first_differences": differences.get(task, []),
+            "differences_all_ties": all(d["tie"] for d in differences.get(task, [])),
             "target": target,
         }
         s = summary[task]
@@ -197,5 +245,10 @@ def _summary(runs: list[SpecRun], speculation: str) -> dict[str, Any]:
             f"  {task:5s}: {s['speedup_median']:.2f}x (target >= {target}), "
             f"{s['tokens_per_step']:.2f} tokens/step at {s['step_cost_ratio']:.2f}x the step "
             f"time, acceptance {s['acceptance_rate']:.2f}, identical: {s['identical_outputs']}"
+            + (
+                ""
+                if s["identical_outputs"]
+                else f" (first differences at rounding ties: {s['differences_all_ties']})"
+            )
         )
     return summary

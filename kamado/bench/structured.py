@@ -45,6 +45,7 @@ class StructuredRun:
     decode_tok_s: float
     step_ms: float
     # Per decoded token, in ms (constrained runs only).
+    mask_prepare_ms: float = 0.0  # engine thread handing the matchers to the worker
     mask_compute_ms: float = 0.0  # on the worker thread, overlapped with the forward pass
     mask_wait_ms: float = 0.0  # engine blocked waiting for masks
     mask_apply_ms: float = 0.0
@@ -82,7 +83,7 @@ def _run(
             started = time.perf_counter()
             continue
         steps += 1
-        tokens += len(deltas)
+        tokens += sum(len(d.new_token_ids) for d in deltas)
     seconds = time.perf_counter() - started
     assert started is not None and tokens == len(prompts) * (gen_len - 1), "a sequence ended early"
     after = engine.guides.stats
@@ -93,6 +94,7 @@ def _run(
         gen_len,
         tokens / seconds,
         1000.0 * seconds / steps,
+        (after.prepare_s - before.prepare_s) * per_token_ms,
         (after.compute_s - before.compute_s) * per_token_ms,
         (after.wait_s - before.wait_s) * per_token_ms,
         (after.apply_s - before.apply_s) * per_token_ms,
@@ -111,13 +113,16 @@ def run_structured(
     """`tokenizer_dir` gives a synthetic model (random weights at a real shape, for GPUs
     without the model file) a real model's tokenizer: masks cost the same for any weights."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    engine = EngineCore(EngineConfig(model=model, dtype=dtype, device=device))
+    # Constrained requests are never speculated on; the free run must not be either.
+    engine = EngineCore(EngineConfig(model=model, dtype=dtype, device=device, speculation="off"))
     if tokenizer_dir is not None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         config = engine.model_config
-        engine.guides = Guides(model, config.vocab_size, config.eos_token_ids, tokenizer)
+        engine.guides = Guides(
+            model, config.vocab_size, config.eos_token_ids, engine.runner.device, tokenizer
+        )
     else:
         tokenizer = load_tokenizer(resolve_model(model))
         assert tokenizer is not None, "a synthetic model needs --tokenizer"
@@ -142,7 +147,8 @@ def _fmt(r: StructuredRun) -> str:
     )
     if r.constrained:
         line += (
-            f"; per token: mask {r.mask_compute_ms:.3f} ms (overlapped), wait "
+            f"; per token: prepare {r.mask_prepare_ms:.3f}, mask {r.mask_compute_ms:.3f} ms "
+            f"(overlapped), wait "
             f"{r.mask_wait_ms:.3f}, apply {r.mask_apply_ms:.3f}, advance "
             f"{r.matcher_advance_ms:.3f} ms"
         )

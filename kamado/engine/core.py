@@ -16,7 +16,7 @@ import torch
 
 from kamado.config import EngineConfig, ModelConfig
 from kamado.engine.cpu_threads import DEFAULT_THREADS, ThreadGovernor
-from kamado.engine.model_loading import kv_fingerprint, load_for_engine
+from kamado.engine.model_loading import host_tier_bytes, kv_fingerprint, load_for_engine
 from kamado.engine.model_runner import ModelRunner, Verified
 from kamado.engine.outputs import TokenDelta
 from kamado.engine.pacer import PrefillPacer
@@ -26,13 +26,17 @@ from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
 from kamado.kv.cache import bytes_per_block
 from kamado.kv.disk_tier import DiskTier
+from kamado.kv.host_tier import HostTier
 from kamado.kv.prefix_cache import PrefixCache
+from kamado.kv.tier_transfers import TierTransfers
 from kamado.spec.speculator import make_speculator
 from kamado.structured.constraint import ConstraintError
 from kamado.structured.guide import Guides
 from kamado.surgery.kv import with_kv_surgery
 
 log = logging.getLogger(__name__)
+
+RESTORE_POLL_SECONDS = 0.005  # an engine waiting only on restores checks this often
 
 
 class RequestError(ValueError):
@@ -50,15 +54,24 @@ class EngineStats:
     num_preemptions: int = 0
     steps: int = 0
     last_step_seconds: float = 0.0
-    # Prefix cache: prompt tokens looked up, and those found on the device or on disk.
+    # What the last step carried: decoding sequences, prompt tokens, draft tokens verified.
+    last_step_decodes: int = 0
+    last_step_prefill_tokens: int = 0
+    last_step_draft_tokens: int = 0
+    # Prefix cache: prompt tokens looked up, and those found on the device, in host RAM or
+    # on disk.
     prefix_queried_tokens: int = 0
     prefix_device_hit_tokens: int = 0
     prefix_partial_hit_tokens: int = 0  # of the device hits, those copied from inside a block
+    prefix_host_hit_tokens: int = 0
     prefix_disk_hit_tokens: int = 0
     kv_blocks_cached: int = 0  # unreferenced blocks kept for reuse
     kv_evictions: int = 0  # cached device blocks overwritten
-    disk_bytes_written: int = 0  # device -> disk
-    disk_bytes_read: int = 0  # disk -> device
+    host_blocks: int = 0  # blocks in the host-RAM tier
+    host_evictions: int = 0  # host blocks pushed out for newer ones (kept on disk)
+    host_bypassed: int = 0  # evicted device blocks written straight to disk (no free slot)
+    # Bytes moved between tiers, by (source, destination).
+    tier_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
     disk_bytes: int = 0  # size of the disk tier's directory
     disk_files_corrupt: int = 0  # unreadable or mismatched files found (and removed)
     disk_files_removed: int = 0  # files deleted to stay under the size cap
@@ -93,14 +106,24 @@ class EngineCore:
         del loaded
         self.pool = BlockPool(self.num_blocks)
         self.disk = self._disk_tier() if config.enable_prefix_caching else None
+        self.host = self._host_tier() if config.enable_prefix_caching else None
+        self.transfers = (
+            TierTransfers(self.runner.cache, self.host, self.disk)
+            if self.host is not None or self.disk is not None
+            else None
+        )
         self.prefix = PrefixCache(
             self.pool,
-            self.runner.cache,
             config.block_size,
-            self.disk,
+            self.transfers,
             enabled=config.enable_prefix_caching,
+            cache=self.runner.cache,
         )
-        self.pacer = PrefillPacer(config.decode_stall_factor, config.max_num_batched_tokens)
+        self.pacer = PrefillPacer(
+            config.decode_stall_factor,
+            config.max_num_batched_tokens,
+            config.short_turn_stall_factor,
+        )
         self.speculator = make_speculator(config, self.max_model_len, self.model_config.vocab_size)
         self.scheduler = Scheduler(
             self.pool,
@@ -113,7 +136,10 @@ class EngineCore:
         )
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         self.guides = Guides(
-            config.model, self.model_config.vocab_size, self.model_config.eos_token_ids
+            config.model,
+            self.model_config.vocab_size,
+            self.model_config.eos_token_ids,
+            self.runner.device,
         )
         self._requests: dict[str, list[Sequence]] = {}
         self._arrivals = 0
@@ -130,6 +156,19 @@ class EngineCore:
         block_bytes = bytes_per_block(self.model_config, c.block_size, self.dtype, self.kv_format)
         fingerprint = kv_fingerprint(c, self.model_config, self.dtype, self.kv_format)
         return DiskTier(c.kv_disk_dir, c.kv_disk_bytes, fingerprint, block_bytes)
+
+    def _host_tier(self) -> HostTier | None:
+        capacity = host_tier_bytes(self.config)
+        block_bytes = self.runner.cache.block_bytes
+        if capacity < block_bytes:
+            return None
+        pin = torch.device(self.config.device).type == "cuda"
+        return HostTier(capacity, block_bytes, pin, self.disk)
+
+    def close(self) -> None:
+        """Finish writing what the disk tier was given (a clean shutdown)."""
+        if self.disk is not None:
+            self.disk.flush()
 
     # ---- requests -------------------------------------------------------------------
 
@@ -239,7 +278,11 @@ class EngineCore:
         scheduling = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
+            if self.transfers is not None:
+                self.transfers.wait_any(RESTORE_POLL_SECONDS)  # only restores are left
             return []
+        if self.transfers is not None:
+            self.transfers.save_evicted()  # before this step overwrites the evicted blocks
         if self.threads is not None:
             self.threads.update()
         started = time.perf_counter()
@@ -269,6 +312,8 @@ class EngineCore:
                 item.seq.pending_forks = []
         deltas = [self._append(v) for v in verified]
         self._update_stats(num_prefill, sum(len(d.new_token_ids) for d in deltas), seconds)
+        s = self.stats
+        s.last_step_decodes, s.last_step_draft_tokens = num_decodes, num_drafted
         return deltas
 
     def _append(self, verified: Verified) -> TokenDelta:
@@ -332,6 +377,8 @@ class EngineCore:
         child.block_keys = parent.block_keys[:n_full]
         if partial:
             copy = self.pool.allocate(after=child.block_table[-1] if n_full else None)
+            if self.transfers is not None:
+                self.transfers.save_evicted()  # the copy may land in a block just evicted
             self.runner.cache.copy_block(parent.block_table[n_full], copy)
             child.block_table.append(copy)
         child.num_computed = parent.num_prompt_tokens
@@ -354,6 +401,7 @@ class EngineCore:
         s.generation_tokens_total += num_generated
         s.steps += 1
         s.last_step_seconds = seconds
+        s.last_step_prefill_tokens = num_prefill
 
     def snapshot(self) -> EngineStats:
         """Stats as of now (also between steps, e.g. after aborts)."""
@@ -366,11 +414,25 @@ class EngineCore:
         s.prefix_queried_tokens = p.queried_tokens
         s.prefix_device_hit_tokens = p.device_hit_tokens
         s.prefix_partial_hit_tokens = p.partial_hit_tokens
+        s.prefix_host_hit_tokens = p.host_hit_tokens
         s.prefix_disk_hit_tokens = p.disk_hit_tokens
         s.kv_blocks_cached = self.pool.num_cached
         s.kv_evictions = self.pool.num_evictions
-        s.disk_bytes_written = p.disk_bytes_written
-        s.disk_bytes_read = p.disk_bytes_read
+        if self.transfers is not None:
+            t = self.transfers.stats
+            s.tier_bytes = {
+                ("device", "host"): t.device_to_host,
+                ("host", "device"): t.host_to_device,
+                ("disk", "device"): t.disk_to_device,
+            }
+            if self.disk is not None:
+                # Files are written from host RAM where there is a host tier.
+                source = "host" if self.host is not None else "device"
+                s.tier_bytes[(source, "disk")] = self.disk.bytes_written
+        if self.host is not None:
+            s.host_blocks = len(self.host)
+            s.host_evictions = self.host.num_evictions
+            s.host_bypassed = self.host.num_bypassed
         s.history_rewrites = p.history_rewrites
         s.history_rewritten_tokens = p.history_rewritten_tokens
         if self.disk is not None:

@@ -61,6 +61,8 @@ def run_engine_process(config: EngineConfig, conn: Connection) -> None:
     except Exception:
         traceback.print_exc()
         raise
+    finally:
+        engine.close()
 
 
 def _loop(engine: EngineCore, conn: Connection) -> None:

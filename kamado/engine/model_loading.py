@@ -21,6 +21,7 @@ from kamado.surgery.registry import make_steps, weight_step_names
 
 CPU_KV_FRACTION = 0.25  # of available RAM, on CPU, when no budget is given
 CPU_KV_CAP = 4 << 30
+HOST_TIER_CAP = 8 << 30  # default host-RAM tier on a discrete accelerator
 
 
 @dataclass
@@ -72,6 +73,18 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
 def _default_kv_budget() -> int:
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return min(CPU_KV_CAP, int(available * CPU_KV_FRACTION))
+
+
+def host_tier_bytes(config: EngineConfig) -> int:
+    """RAM for blocks the accelerator evicts: as set, else on a discrete CUDA device a
+    quarter of the machine's memory up to 8 GiB; none where device memory is host memory."""
+    if config.kv_host_bytes is not None:
+        return config.kv_host_bytes
+    device = torch.device(config.device)
+    if device.type != "cuda" or torch.cuda.get_device_properties(device).is_integrated:
+        return 0
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(HOST_TIER_CAP, total // 4)
 
 
 def kv_fingerprint(

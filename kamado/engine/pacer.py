@@ -7,6 +7,13 @@ every matmul taller and adds its own attention calls, whatever its size) plus a 
 token (which grows with the context the chunk attends to), fitted over recent steps. The
 next chunk is sized so the fitted cost plus the fit's typical error stays in the slack;
 when the fixed part alone overruns it, the chunk gets the slack on top of the fixed part.
+Where the mixed steps cannot tell the two parts apart (every chunk the same size, as when
+one-token chunks already overran the slack), the cost per token of recent prefill-only
+steps stands in for the slope.
+
+An agent's follow-up turn (at most SHORT_TURN_TOKENS new prompt tokens) may stretch steps
+to `short_factor` instead: its time to first token is what the agent waits on, and a few
+longer gaps of the other streams finish it within a few steps. Long prompts keep `factor`.
 
 With speculation, a decode's draft tokens belong to the decode side: a step of decodes
 and verifications is a decode-only step (the normal gap of a stream that speculates), and
@@ -26,24 +33,30 @@ class PrefillPacer:
     MIN_CHUNK = 1  # progress is guaranteed even when one token already costs too much
     MAX_GROWTH = 2  # a chunk is at most twice the largest one measured: no wild extrapolation
     EMA = 0.3
+    PRIOR_MIN_TOKENS = 256  # prefill-only steps this large measure the cost per token
+    SHORT_TURN_TOKENS = 2048
 
-    def __init__(self, factor: float, max_tokens: int) -> None:
+    def __init__(self, factor: float, max_tokens: int, short_factor: float | None = None) -> None:
         self.factor = factor
+        self.short_factor = max(factor, short_factor if short_factor is not None else factor)
         self.max_tokens = max_tokens
         self.decode_step_s: float | None = None
+        self.prefill_token_s: float | None = None  # per token, from prefill-only steps
         self._mixed: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)  # (tokens, extra s)
         self._mixed_since_measure = 0
 
-    def prefill_limit(self, num_decodes: int) -> int:
-        """Prefill tokens allowed in the next step beside `num_decodes` decodes."""
-        if num_decodes == 0 or math.isinf(self.factor):
+    def prefill_limit(self, num_decodes: int, short_turn: bool = False) -> int:
+        """Prefill tokens allowed in the next step beside `num_decodes` decodes (for a short
+        follow-up turn, with `short_turn`)."""
+        factor = self.short_factor if short_turn else self.factor
+        if num_decodes == 0 or math.isinf(factor):
             return self.max_tokens
         if self.decode_step_s is None or self._mixed_since_measure >= self.REMEASURE_EVERY:
             return 0  # take one decode-only step to learn what a normal gap is
         if not self._mixed:
             return self.MIN_CHUNK
         fixed, per_token, error = self.cost_model()
-        slack = (self.factor - 1.0) * self.decode_step_s
+        slack = (factor - 1.0) * self.decode_step_s
         # Where any chunk at all costs more than the slack (a mixed step runs eagerly beside
         # decodes replayed from CUDA graphs), a one-token chunk stalls the streams about as
         # long as a chunk worth the slack: take the slack's worth, so prefill still moves.
@@ -58,12 +71,13 @@ class PrefillPacer:
         extra = [e for _, e in self._mixed]
         mean_t, mean_e = statistics.fmean(tokens), statistics.fmean(extra)
         spread = sum((t - mean_t) ** 2 for t in tokens)
-        fixed, per_token = 0.0, mean_e / mean_t
-        if spread > 0:
-            slope = sum((t - mean_t) * (e - mean_e) for t, e in self._mixed) / spread
-            intercept = mean_e - slope * mean_t
-            if slope > 0 and intercept >= 0:  # else noise hides the shape: use the average
-                fixed, per_token = intercept, slope
+        fixed, per_token = 0.0, mean_e / mean_t  # the average, unless a slope shows
+        slope = sum((t - mean_t) * (e - mean_e) for t, e in self._mixed) / spread if spread else 0.0
+        if slope > 0 and mean_e - slope * mean_t >= 0:
+            fixed, per_token = mean_e - slope * mean_t, slope
+        elif self.prefill_token_s is not None and self.prefill_token_s < per_token:
+            # The sizes seen cannot separate the parts: take the slope prefill alone shows.
+            fixed, per_token = mean_e - self.prefill_token_s * mean_t, self.prefill_token_s
         per_token = max(per_token, 1e-6)
         residuals = [e - fixed - per_token * t for t, e in self._mixed]
         error = statistics.pstdev(residuals) if len(residuals) > 1 else 0.0
@@ -71,7 +85,10 @@ class PrefillPacer:
 
     def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
         if not num_decodes:
-            return  # a step without decodes says nothing about a decode's pace
+            # Says nothing about a decode's pace, but what prefill costs a token.
+            if num_prefill_tokens >= self.PRIOR_MIN_TOKENS:
+                self.prefill_token_s = self._ema(self.prefill_token_s, seconds / num_prefill_tokens)
+            return
         if not num_prefill_tokens:
             self.decode_step_s = self._ema(self.decode_step_s, seconds)
             self._mixed_since_measure = 0

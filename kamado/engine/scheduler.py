@@ -5,7 +5,9 @@ the token budget, paced so decodes are never frozen. A new sequence starts from 
 leading blocks the prefix cache holds for it. When KV blocks run out, the newest sequence
 is preempted: its blocks are freed (full ones stay cached) and it is recomputed later
 from its tokens, ahead of new arrivals. New arrivals are admitted session by session
-(the one running least goes first), so one agent's burst cannot starve the others.
+(the one running least goes first), so one agent's burst cannot starve the others. One
+whose cached prefix continues in host RAM or on disk waits, holding the blocks being
+filled, while the others run, and goes first once they are back.
 
 With speculation, a decoding sequence also carries the draft tokens the speculator
 planned for it, verified in the same step, where free blocks allow: a draft never
@@ -35,6 +37,22 @@ class ScheduledSeq:
     def samples(self) -> bool:
         """The step reaches the sequence's last token, so a next token is sampled."""
         return self.num_new - len(self.draft) == self.seq.num_uncomputed
+
+
+@dataclass
+class PrefillBudget:
+    """Prompt tokens a step may still take: `paced` for any prompt, up to `short` in all
+    while an agent's short follow-up turn is among them (the pacer's looser bound)."""
+
+    paced: int
+    short: int
+
+    def left(self, short_turn: bool) -> int:
+        return self.short if short_turn else self.paced
+
+    def spend(self, num_tokens: int) -> None:
+        self.paced = max(0, self.paced - num_tokens)
+        self.short -= num_tokens
 
 
 class Scheduler:
@@ -78,31 +96,43 @@ class Scheduler:
         num_decodes = len(batch)
         if self.speculator is not None and batch:
             self._add_drafts(batch)
-        budget = min(
-            self.max_num_batched_tokens - sum(item.num_new for item in batch),
-            self.pacer.prefill_limit(num_decodes),
+        room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
+        budget = PrefillBudget(
+            min(room, self.pacer.prefill_limit(num_decodes)),
+            min(room, self.pacer.prefill_limit(num_decodes, short_turn=True)),
         )
         for seq in self._prefilling():
-            if budget <= 0:
-                break
-            num_new = min(seq.num_uncomputed, budget)
+            num_new = min(seq.num_uncomputed, budget.left(self._short_turn(seq)))
+            if num_new <= 0:
+                continue
             if not self._reserve(seq, num_new):
                 break
             batch.append(ScheduledSeq(seq, num_new))
-            budget -= num_new
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            budget.spend(num_new)
+        while self.waiting and budget.left(True) > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting()
-            found = self.prefix.match(seq)
-            cached = found.num_tokens(self.block_size)
-            num_new = min(seq.num_tokens - cached, budget)
-            # Matched blocks nobody reads now count as free until this sequence takes them.
-            takes = -(-(cached + num_new) // self.block_size) - len(found.device_blocks)
-            headroom = self._watermark if self.running else 0
-            if self.pool.num_free - takes - found.num_unreferenced < headroom:
-                break
-            self.prefix.acquire(seq, found)
-            num_new = min(seq.num_uncomputed, budget)
-            if not self._reserve(seq, num_new):  # a disk block failed to load: less was cached
+            if seq is None:
+                break  # the rest wait for their blocks to come back from host RAM or disk
+            if seq.restore is not None:
+                self.prefix.finish_restore(seq)
+            else:
+                found = self.prefix.match(seq)
+                cached = found.num_tokens(self.block_size)
+                short = seq.num_tokens - cached <= self.pacer.SHORT_TURN_TOKENS
+                num_new = min(seq.num_tokens - cached, budget.left(short))
+                if num_new <= 0:
+                    break
+                # Matched blocks nobody reads now count as free until this sequence takes them.
+                takes = -(-(cached + num_new) // self.block_size) - len(found.device_blocks)
+                headroom = self._watermark if self.running else 0
+                if self.pool.num_free - takes - found.num_unreferenced < headroom:
+                    break
+                self.prefix.acquire(seq, found)
+                if seq.restore is not None:
+                    continue  # it runs once its blocks are back; others go on meanwhile
+            num_new = min(seq.num_uncomputed, budget.left(self._short_turn(seq)))
+            if num_new <= 0 or not self._reserve(seq, num_new):
+                # Less was restored, or others took the room: what it holds stays cached.
                 self.free(seq)
                 seq.num_computed = 0
                 break
@@ -111,22 +141,27 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             batch.append(ScheduledSeq(seq, num_new))
-            budget -= num_new
+            budget.spend(num_new)
         if not batch and len(self.running) > 1:
             # Partly prefilled prompts hold every block and none can grow: make room.
             self.preempt(max(self.running, key=lambda s: s.arrival))
             return self.schedule()
         return batch
 
-    def _next_waiting(self) -> Sequence:
-        """The sequence to admit next. Preempted ones first: they were running already.
+    def _next_waiting(self) -> Sequence | None:
+        """The sequence to admit next, of those not waiting for a restore. One whose blocks
+        came back first: it holds them. Then preempted ones: they were running already.
         Then the session with the fewest running sequences, oldest first among equals, so
         one client's burst of requests cannot starve the other agents."""
+        ready = [s for s in self.waiting if s.restore is None or s.restore.done()]
+        if not ready:
+            return None
         running = Counter(_fairness_key(s) for s in self.running)
         turn = self._last_admitted
         return min(
-            self.waiting,
+            ready,
             key=lambda s: (
+                s.restore is None,
                 not s.preempted,
                 running[_fairness_key(s)],
                 turn.get(_fairness_key(s), -1),  # the session served longest ago first
@@ -166,7 +201,10 @@ class Scheduler:
         return [s for s in self.running if s.num_uncomputed == 1]
 
     def _prefilling(self) -> list[Sequence]:
-        return [s for s in self.running if s.num_uncomputed > 1]
+        """Prompts being prefilled, fewest tokens left first: an agent's short follow-up
+        turn is not queued behind another agent's long cold prompt (which takes what the
+        short ones leave of each step's budget)."""
+        return sorted((s for s in self.running if s.num_uncomputed > 1), key=_tokens_left)
 
     def _reserve(self, seq: Sequence, num_new: int) -> bool:
         return self.pool.grow(seq.block_table, seq.num_computed + num_new, self.block_size)
@@ -206,6 +244,17 @@ class Scheduler:
         self.prefix.end_turn(seq)
         if self.speculator is not None:
             self.speculator.finish(seq)
+
+    def _short_turn(self, seq: Sequence) -> bool:
+        """An agent's follow-up turn: few new prompt tokens, and few left (a prompt
+        recomputed after preemption is long again)."""
+        new = seq.num_prompt_tokens - (seq.num_cached_tokens or 0)
+        limit = self.pacer.SHORT_TURN_TOKENS
+        return new <= limit and seq.num_uncomputed <= limit
+
+
+def _tokens_left(seq: Sequence) -> int:
+    return seq.num_uncomputed
 
 
 def _fairness_key(seq: Sequence) -> str:

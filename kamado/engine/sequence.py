@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kamado.kv.block_tokens import TokenMatch
+    from kamado.kv.tier_transfers import Restore
 
 
 class Status(enum.Enum):
@@ -32,6 +37,10 @@ class Sequence:
     preempted: bool = False  # it ran and lost its KV; it is admitted again before new ones
     block_keys: list[bytes] = field(default_factory=list)  # content keys of its full blocks
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
+    # Cached blocks coming back from host RAM or disk; it waits until they are.
+    restore: Restore | None = None
+    # A cached block to copy the first tokens of once its blocks are in (pinned till then).
+    partial: TokenMatch | None = None
     # Choices 1..n-1 of a request wait here until choice 0 has prefilled the shared prompt.
     pending_forks: list[Sequence] = field(default_factory=list)
 

@@ -82,28 +82,52 @@ class KVCache:
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy one block's K/V (and scales) in every layer (copy-on-write when sequences fork)."""
-        bs = self.block_size
         for t in self._tensors():
-            _bytes(t)[dst * bs : (dst + 1) * bs] = _bytes(t)[src * bs : (src + 1) * bs]
+            rows = self._by_block(t)
+            rows[dst] = rows[src]
 
     def read_block(self, block: int) -> torch.Tensor:
         """The block's bytes in every layer, codes and scales, as one flat uint8 copy."""
-        bs = self.block_size
-        parts = [
-            t[block * bs : (block + 1) * bs].reshape(-1).view(torch.uint8) for t in self._tensors()
-        ]
-        return torch.cat(parts)
+        return self.gather_blocks(torch.tensor([block], device=self.k[0].device))[0]
 
     def write_block(self, block: int, data: torch.Tensor) -> None:
         """Fill a block from what read_block returned."""
-        bs = self.block_size
-        blocks = [t[block * bs : (block + 1) * bs] for t in self._tensors()]
-        sizes = [dst.numel() * dst.element_size() for dst in blocks]
-        if data.numel() != sum(sizes):
-            raise ValueError(f"block data holds {data.numel()} bytes, the cache {sum(sizes)}")
-        offset = 0
-        for dst, n in zip(blocks, sizes, strict=True):
-            # A copy first: a uint8 slice may not be aligned for a view as float32.
-            src = data[offset : offset + n].clone().view(dst.dtype).view(dst.shape)
-            _bytes(dst).copy_(_bytes(src))
+        self.scatter_blocks(torch.tensor([block], device=self.k[0].device), data.view(1, -1))
+
+    def gather_blocks(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Blocks' bytes as rows of [len(blocks), block bytes] on the cache's device: per
+        tensor (codes, then scales) one gather for all blocks, not a copy per block."""
+        out = torch.empty(
+            (len(blocks), self.block_bytes), dtype=torch.uint8, device=self.k[0].device
+        )
+        for t, rows in zip(self._tensors(), self._parts(out), strict=True):
+            rows.copy_(self._by_block(t).index_select(0, blocks))
+        return out
+
+    def scatter_blocks(self, blocks: torch.Tensor, data: torch.Tensor) -> None:
+        """Fill `blocks` from rows of what gather_blocks returned (any device)."""
+        if data.shape != (len(blocks), self.block_bytes):
+            raise ValueError(
+                f"block data holds {tuple(data.shape)} bytes, the cache "
+                f"{(len(blocks), self.block_bytes)}"
+            )
+        data = data.to(self.k[0].device, non_blocking=True)
+        for t, rows in zip(self._tensors(), self._parts(data), strict=True):
+            self._by_block(t).index_copy_(0, blocks, rows)
+
+    @property
+    def block_bytes(self) -> int:
+        return sum(self.block_size * t[0].numel() * t.element_size() for t in self._tensors())
+
+    def _by_block(self, t: torch.Tensor) -> torch.Tensor:
+        """A slot-indexed tensor viewed as [num_blocks, block_size * rest] bytes."""
+        return t.view(torch.uint8).view(self.num_blocks, -1)
+
+    def _parts(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Views of block rows [n, block bytes], one per cache tensor, as [n, its bytes]."""
+        parts, offset = [], 0
+        for t in self._tensors():
+            n = self.block_size * t[0].numel() * t.element_size()
+            parts.append(rows[:, offset : offset + n])
             offset += n
+        return parts

@@ -1,6 +1,7 @@
 """Automatic prefix caching: a new sequence starts from the full blocks some earlier one
-computed for the same leading tokens, on the device or restored from the disk tier, then
-from a copy of a cached block that begins with its next tokens (kv/block_tokens.py).
+computed for the same leading tokens, on the device or brought back from host RAM or disk
+(kv/tier_transfers.py) before it runs, then from a copy of a cached block that begins with
+its next tokens (kv/block_tokens.py).
 
 Full blocks are shared; a block is copied where only its first tokens match (the rest
 will differ). The prompt's last token is always computed, so there are logits to sample.
@@ -9,7 +10,8 @@ will differ). The prompt's last token is always computed, so there are logits to
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,8 +19,8 @@ from kamado.kv.block_hash import ROOT, extend_keys
 from kamado.kv.block_pool import BlockPool
 from kamado.kv.block_tokens import BlockTokens, TokenMatch, partial_block_key
 from kamado.kv.cache import KVCache
-from kamado.kv.disk_tier import DiskTier
 from kamado.kv.eviction import MAX_SESSIONS
+from kamado.kv.tier_transfers import TierTransfers
 
 if TYPE_CHECKING:
     from kamado.engine.sequence import Sequence
@@ -29,12 +31,12 @@ log = logging.getLogger(__name__)
 @dataclass
 class PrefixMatch:
     device_blocks: list[int] = field(default_factory=list)  # cached on the device, in order
-    disk_keys: list[bytes] = field(default_factory=list)  # the blocks after them, on disk
+    lower_keys: list[bytes] = field(default_factory=list)  # the blocks after them, below
     num_unreferenced: int = 0  # device blocks nobody reads now: taking them uses free room
     partial: TokenMatch | None = None  # a block to copy the first tokens of, after them all
 
     def num_blocks(self) -> int:
-        return len(self.device_blocks) + len(self.disk_keys)
+        return len(self.device_blocks) + len(self.lower_keys)
 
     def num_tokens(self, block_size: int) -> int:
         return self.num_blocks() * block_size + (self.partial.num_tokens if self.partial else 0)
@@ -45,9 +47,8 @@ class PrefixStats:
     queried_tokens: int = 0  # prompt tokens looked up (once per request)
     device_hit_tokens: int = 0
     partial_hit_tokens: int = 0  # the part of device hits copied from inside a block
+    host_hit_tokens: int = 0
     disk_hit_tokens: int = 0
-    disk_bytes_written: int = 0
-    disk_bytes_read: int = 0
     # Turns whose prompt changed what the session's previous prompt said (history
     # rewritten by the chat template or the client), and the tokens that cost.
     history_rewrites: int = 0
@@ -67,16 +68,16 @@ class PrefixCache:
     def __init__(
         self,
         pool: BlockPool,
-        cache: KVCache,
         block_size: int,
-        disk: DiskTier | None = None,
+        transfers: TierTransfers | None = None,
         enabled: bool = True,
+        cache: KVCache | None = None,  # where partly matched blocks are copied; None: not
     ) -> None:
         self.pool = pool
-        self.cache = cache
         self.block_size = block_size
-        self.disk = disk
+        self.transfers = transfers
         self.enabled = enabled
+        self.cache = cache
         self.stats = PrefixStats()
         self._newest: OrderedDict[str, SessionTurn] = OrderedDict()
         self.block_tokens = BlockTokens(block_size)
@@ -91,11 +92,11 @@ class PrefixCache:
         extend_keys(keys, seq.token_ids, (seq.num_tokens - 1) // self.block_size, self.block_size)
         for key in keys[: (seq.num_tokens - 1) // self.block_size]:
             block = self.pool.lookup(key)
-            if block is not None and not found.disk_keys:
+            if block is not None and not found.lower_keys:
                 found.device_blocks.append(block)
                 found.num_unreferenced += self.pool.ref_counts[block] == 0
-            elif block is None and self.disk is not None and key in self.disk:
-                found.disk_keys.append(key)
+            elif block is None and self.transfers is not None and key in self.transfers:
+                found.lower_keys.append(key)
             else:
                 break
         self._match_partial(seq, found)
@@ -104,61 +105,89 @@ class PrefixCache:
     def _match_partial(self, seq: Sequence, found: PrefixMatch) -> None:
         """After the matched full blocks: a cached block whose first tokens are the next
         ones of `seq`, short of its last token."""
+        if self.cache is None:
+            return
         start = found.num_blocks() * self.block_size
         wanted = seq.token_ids[start : min(start + self.block_size, seq.num_tokens) - 1]
         parent = seq.block_keys[found.num_blocks() - 1] if found.num_blocks() else ROOT
         found.partial = self.block_tokens.longest(parent, wanted) if wanted else None
         if found.partial is not None:
-            # Pinned while acquire allocates: room it holds, like the matched blocks.
+            # Pinned from acquire until copied: room it holds, like the matched blocks.
             found.num_unreferenced += self.pool.ref_counts[found.partial.block] == 0
 
     def acquire(self, seq: Sequence, found: PrefixMatch) -> None:
-        """Give `seq` the matched blocks (restoring those on disk) and skip their tokens."""
+        """Give `seq` the matched device blocks and skip their tokens; blocks found below
+        start coming back (`seq.restore`), and the sequence waits for `finish_restore`."""
         self.pool.evictable.touch(seq.session)
         for block in found.device_blocks:
             self.pool.reuse(block)
             seq.block_table.append(block)
+        seq.num_computed = len(seq.block_table) * self.block_size
+        seq.partial = found.partial
         if found.partial is not None:
-            self.pool.reuse(found.partial.block)  # pinned: restoring from disk may not evict it
-        device_tokens = len(seq.block_table) * self.block_size
-        for key in found.disk_keys:
-            data = self.disk.load(key) if self.disk is not None else None
-            if data is None:
-                break  # the file went bad since the lookup: compute from here
-            block = self.pool.allocate(after=seq.block_table[-1] if seq.block_table else None)
-            self.cache.write_block(block, data)
-            self.pool.set_key(block, key)
-            seq.block_table.append(block)
-            self.stats.disk_bytes_read += data.numel() * data.element_size()
-        full = len(seq.block_table) * self.block_size
-        partial = self._copy_partial(seq, found)
-        seq.num_computed = full + partial
-        if seq.num_cached_tokens is None:  # a recomputation after preemption is not a new query
-            seq.num_cached_tokens = full + partial
-            self.stats.queried_tokens += seq.num_prompt_tokens
-            self.stats.device_hit_tokens += device_tokens + partial
-            self.stats.partial_hit_tokens += partial
-            self.stats.disk_hit_tokens += full - device_tokens
-            self._check_history(seq)
+            self.pool.reuse(found.partial.block)  # pinned: allocations may not evict it
+        if found.lower_keys:
+            assert self.transfers is not None
+            blocks = []
+            for _ in found.lower_keys:
+                after = seq.block_table[-1] if seq.block_table else None
+                blocks.append(self.pool.allocate(after=after))
+                seq.block_table.append(blocks[-1])
+            seq.restore = self.transfers.restore(blocks, found.lower_keys)
+        else:
+            self._copy_partial(seq)
+            self._count_hits(seq, {})
 
-    def _copy_partial(self, seq: Sequence, found: PrefixMatch) -> int:
-        """Append a copy of the matched block (the sequence writes its own tokens after the
-        shared ones); returns the tokens it holds for `seq`."""
-        if found.partial is None:
-            return 0
-        source = found.partial.block
-        # A disk block that failed to load ends the chain before the copy's parent.
-        whole_chain = len(seq.block_table) == found.num_blocks()
-        if whole_chain:
-            seq.block_table.append(
-                self.pool.allocate(after=seq.block_table[-1] if seq.block_table else None)
-            )
+    def finish_restore(self, seq: Sequence) -> None:
+        """The restore of `seq` ended: its filled blocks become findable and count as
+        computed; blocks after a failed read go back to the pool."""
+        restore = seq.restore
+        assert restore is not None and self.transfers is not None
+        self.transfers.finish(restore)
+        seq.restore = None
+        for block, key in zip(restore.blocks[: restore.num_loaded], restore.keys, strict=False):
+            self.pool.set_key(block, key)
+        num_blocks = len(seq.block_table) - len(restore.blocks) + restore.num_loaded
+        self.pool.shrink(seq.block_table, num_blocks * self.block_size, self.block_size)
+        seq.num_computed = num_blocks * self.block_size
+        self._copy_partial(seq, whole_chain=restore.num_loaded == len(restore.blocks))
+        self._count_hits(seq, Counter(restore.sources))
+
+    def _copy_partial(self, seq: Sequence, whole_chain: bool = True) -> None:
+        """Append a copy of the partly matched block (the sequence writes its own tokens
+        after the shared ones) and skip those tokens; not when a lower-tier block failed
+        to come back, which ends the chain before the copy's parent, nor when others took
+        every block while the sequence waited for its restore."""
+        match, seq.partial = seq.partial, None
+        if match is None:
+            return
+        depth = len(seq.block_table)
+        if whole_chain and self.pool.num_free > 0:
+            assert self.cache is not None
+            copy = self.pool.allocate(after=seq.block_table[-1] if seq.block_table else None)
+            if self.transfers is not None:
+                self.transfers.save_evicted()  # the copy may land in a block just evicted
             # Every KV format scales per token: the copied tokens stay exact as the
             # sequence overwrites the rest of the block.
-            self.cache.copy_block(source, seq.block_table[-1])
+            self.cache.copy_block(match.block, copy)
+            seq.block_table.append(copy)
+            seq.num_computed += match.num_tokens
+            if seq.num_cached_tokens is None:  # counted once a request, as in _count_hits
+                self.stats.partial_hit_tokens += match.num_tokens
         # The pin of acquire; left unreferenced, the block is now owned by this session.
-        self.pool.release(source, seq.session, found.num_blocks())
-        return found.partial.num_tokens if whole_chain else 0
+        self.pool.release(match.block, seq.session, depth)
+
+    def _count_hits(self, seq: Sequence, restored: Mapping[str, int]) -> None:
+        if seq.num_cached_tokens is not None:
+            return  # a recomputation after preemption is not a new query
+        seq.num_cached_tokens = seq.num_computed
+        host = restored.get("host", 0) * self.block_size
+        disk = restored.get("disk", 0) * self.block_size
+        self.stats.queried_tokens += seq.num_prompt_tokens
+        self.stats.device_hit_tokens += seq.num_computed - host - disk  # partial included
+        self.stats.host_hit_tokens += host
+        self.stats.disk_hit_tokens += disk
+        self._check_history(seq)
 
     def _check_history(self, seq: Sequence) -> None:
         """An agent's next prompt should begin with its previous prompt. Where it differs
@@ -199,12 +228,16 @@ class PrefixCache:
                 continue  # computed twice at once: the other block is the cached one
             tokens = seq.token_ids[b * self.block_size : (b + 1) * self.block_size]
             self.block_tokens.add(block, seq.block_keys[b - 1] if b else ROOT, tokens)
-            if self.disk is not None:
-                self._save(block, key)
+            if self.transfers is not None:
+                self.transfers.filled(block, key)
 
     def release(self, seq: Sequence) -> None:
         """The sequence lets go of its blocks; full ones and the computed part of a partly
-        filled last one stay cached, owned by its session."""
+        filled last one stay cached, owned by its session. A restore still running is
+        stopped first: its blocks are being written."""
+        if seq.restore is not None:
+            seq.restore.cancelled = True
+            self.finish_restore(seq)
         self._keep_partial(seq)
         for depth, block in enumerate(seq.block_table):
             self.pool.release(block, seq.session, depth)
@@ -254,16 +287,8 @@ class PrefixCache:
 
     def _evicted(self, block: int, key: bytes) -> None:
         """A cached block's slot is taken for new content. A partly filled block is not
-        kept on disk: the tier is addressed by full-block keys, and a partial block saves
-        at most one block of recompute, not worth a file write per turn."""
+        kept below the device: the tiers are addressed by full-block keys, and a partial
+        block saves less than one block of compute, not worth a copy per turn."""
         was_partial = self.block_tokens.forget(block)
-        if self.disk is not None and not was_partial:
-            self._save(block, key)
-
-    def _save(self, block: int, key: bytes) -> None:
-        """Keep a block's K/V on disk: written through when the block fills (on CPU and
-        unified memory a file write is cheap, and the tier then survives a crash), and again
-        before eviction if the disk tier has dropped it meanwhile."""
-        assert self.disk is not None
-        if key not in self.disk:
-            self.stats.disk_bytes_written += self.disk.store(key, self.cache.read_block(block))
+        if self.transfers is not None and not was_partial:
+            self.transfers.evicting(block, key)

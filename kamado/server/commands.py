@@ -59,6 +59,7 @@ def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_cache,
+        kv_host_bytes=None if args.kv_host_gb is None else int(args.kv_host_gb * GIB),
         kv_disk_dir=args.kv_disk_dir or str(kamado_home() / "kv-cache"),
         kv_disk_bytes=int(args.kv_disk_gb * GIB),
         cpu_threads=args.threads,

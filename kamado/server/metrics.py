@@ -77,7 +77,11 @@ def _prefix_cache_metrics(s: Any) -> Iterator[Any]:
     rate = GaugeMetricFamily(
         "kamado_prefix_cache_hit_rate", "Hit tokens / queried tokens, by tier", labels=["tier"]
     )
-    for tier, value in (("device", s.prefix_device_hit_tokens), ("disk", s.prefix_disk_hit_tokens)):
+    for tier, value in (
+        ("device", s.prefix_device_hit_tokens),
+        ("host", s.prefix_host_hit_tokens),
+        ("disk", s.prefix_disk_hit_tokens),
+    ):
         hits.add_metric([tier], value)
         rate.add_metric([tier], value / s.prefix_queried_tokens if s.prefix_queried_tokens else 0.0)
     yield hits
@@ -105,17 +109,27 @@ def _prefix_cache_metrics(s: Any) -> Iterator[Any]:
     )
     evictions = CounterMetricFamily(
         "kamado_kv_evictions",
-        "Cached blocks evicted: from the device, or files removed from the disk tier",
+        "Cached blocks evicted from a tier: device blocks reused, host-RAM blocks pushed "
+        "out (kept on disk), disk files removed for the size cap",
         labels=["tier"],
     )
     evictions.add_metric(["device"], s.kv_evictions)
+    evictions.add_metric(["host"], s.host_evictions)
     evictions.add_metric(["disk"], s.disk_files_removed)
     yield evictions
+    yield CounterMetricFamily(
+        "kamado_kv_host_bypassed_blocks",
+        "Evicted device blocks lost because no host-RAM slot was free of pending copies",
+        value=s.host_bypassed,
+    )
+    yield GaugeMetricFamily(
+        "kamado_kv_host_blocks", "Blocks held in the host-RAM tier", value=s.host_blocks
+    )
     moved = CounterMetricFamily(
         "kamado_kv_tier_bytes", "KV bytes moved between tiers", labels=["source", "destination"]
     )
-    moved.add_metric(["device", "disk"], s.disk_bytes_written)
-    moved.add_metric(["disk", "device"], s.disk_bytes_read)
+    for (source, destination), value in sorted(s.tier_bytes.items()):
+        moved.add_metric([source, destination], value)
     yield moved
     yield GaugeMetricFamily(
         "kamado_kv_disk_bytes", "Size of the disk tier's directory", value=s.disk_bytes

@@ -1,10 +1,10 @@
 """Engine side of constrained decoding: one llguidance matcher per constrained sequence.
 
 Each step, the masks of the sequences that sample are computed on a worker thread while
-the forward pass runs (llguidance and torch both release the GIL), then applied to their
-logits rows before sampling; the sampled token then advances each matcher. A step with no
-constrained sequence does none of this. A preempted sequence recomputes its KV, not its
-output, so its matcher (keyed by the sequence) stays where it is.
+the forward pass runs (llguidance and torch both release the GIL), then applied to the
+logits before sampling, a free row allowing every token; the sampled token then advances
+each matcher. A step with no constrained sequence does none of this. A preempted sequence
+recomputes its KV, not its output, so its matcher (keyed by the sequence) stays where it is.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kamado.structured.bitmask import ALL_ALLOWED, TokenBitmask
 from kamado.structured.constraint import Constraint, ConstraintError
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class GuideStats:
 
     masks: int = 0  # token masks computed (one per constrained row per step)
     compute_s: float = 0.0  # mask computation on the worker thread, beside the forward pass
+    prepare_s: float = 0.0  # engine thread handing a step's matchers to the worker
     wait_s: float = 0.0  # engine thread blocked on masks not ready when the logits were
     apply_s: float = 0.0  # masking the logits rows
     advance_s: float = 0.0  # feeding sampled tokens to the matchers
@@ -44,26 +46,18 @@ class MaskJob:
     """The masks of one step, being computed beside the forward pass."""
 
     def __init__(
-        self, future: concurrent.futures.Future[torch.Tensor], rows: list[int], stats: GuideStats
+        self, future: concurrent.futures.Future[None], bitmask: TokenBitmask, stats: GuideStats
     ) -> None:
-        self._future = future  # -> allowed tokens as llguidance's bitmask, [len(rows), words]
-        self._rows = rows  # the logits rows they belong to
+        self._future = future  # done when every row of `bitmask` is written
+        self._bitmask = bitmask
         self._stats = stats
 
     def apply(self, logits: torch.Tensor) -> None:
-        """Forbid, in place, every token the grammars do not allow next. The packed bits
-        travel to the logits' device (a GPU unpacks them in microseconds)."""
+        """Forbid, in place, every token the grammars do not allow next."""
         started = time.perf_counter()
-        bits = self._future.result().to(logits.device, non_blocking=True)
+        self._future.result()
         ready = time.perf_counter()
-        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-        allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(bits.shape[0], -1).bool()
-        forbidden = ~allowed[:, : logits.shape[-1]]
-        if len(self._rows) == logits.shape[0]:
-            logits.masked_fill_(forbidden, float("-inf"))
-        else:
-            rows = torch.tensor(self._rows, device=logits.device)
-            logits[rows] = logits[rows].masked_fill(forbidden, float("-inf"))
+        self._bitmask.apply(logits)
         self._stats.wait_s += ready - started
         self._stats.apply_s += time.perf_counter() - ready
 
@@ -76,15 +70,18 @@ class Guides:
         model: str,
         vocab_size: int,
         eos_token_ids: tuple[int, ...],
+        device: torch.device,
         hf_tokenizer: Any = None,  # else the model's own (synthetic models have none)
     ) -> None:
         self._model = model
         self._vocab_size = vocab_size
+        self._device = device
         self._eos = list(eos_token_ids)
         self._hf_tokenizer = hf_tokenizer
         self._tokenizer: Any = None  # llguidance.LLTokenizer, built on first use (~1 s)
         self._executor: Any = None  # llguidance.LLExecutor
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._bitmask: TokenBitmask | None = None  # built with the tokenizer
         self._fresh: OrderedDict[str, Any] = OrderedDict()  # grammar -> unstarted matcher
         self._matchers: weakref.WeakKeyDictionary[Sequence, Any] = weakref.WeakKeyDictionary()
         self.stats = GuideStats()
@@ -96,13 +93,21 @@ class Guides:
     # ---- per step ----------------------------------------------------------------------
 
     def prepare(self, seqs: list[Sequence]) -> MaskJob | None:
-        """Start computing masks for the constrained ones among `seqs` (one per logits row)."""
-        rows = [i for i, s in enumerate(seqs) if s.params.constraint is not None]
-        if not rows:
+        """Start computing the masks of `seqs` (one per logits row); rows of sequences
+        without a constraint allow everything, so one masked fill covers the batch."""
+        if all(s.params.constraint is None for s in seqs):
             return None
-        matchers = [self._matcher(seqs[i]) for i in rows]
-        assert self._worker is not None
-        return MaskJob(self._worker.submit(self._bitmask, matchers), rows, self.stats)
+        started = time.perf_counter()
+        matchers, free = [], []
+        for i, seq in enumerate(seqs):
+            if seq.params.constraint is None:
+                free.append(i)
+            else:
+                matchers.append((self._matcher(seq), i))
+        assert self._worker is not None and self._bitmask is not None
+        future = self._worker.submit(self._fill, matchers, free, len(seqs))
+        self.stats.prepare_s += time.perf_counter() - started
+        return MaskJob(future, self._bitmask, self.stats)
 
     def advance(self, seq: Sequence, token: int) -> bool:
         """Feed the sampled token; True when the grammar is complete (the sequence stops)."""
@@ -119,17 +124,18 @@ class Guides:
 
     # ---- internals ---------------------------------------------------------------------
 
-    def _bitmask(self, matchers: list[Any]) -> torch.Tensor:
-        """The matchers' allowed next tokens, one packed row each."""
+    def _fill(self, matchers: list[tuple[Any, int]], free: list[int], n_rows: int) -> None:
+        """Write the step's rows: each matcher's allowed next tokens, all for the free rows."""
         from llguidance.torch import fill_next_token_bitmask_par
 
         started = time.perf_counter()
-        # Plain memory: llguidance's allocator pins it on CUDA machines, costly every step.
-        bits = torch.zeros(len(matchers), (self._vocab_size + 31) // 32, dtype=torch.int32)
-        fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bits)
+        assert self._bitmask is not None
+        bits = self._bitmask.rows(n_rows)
+        for i in free:
+            bits[i] = ALL_ALLOWED
+        fill_next_token_bitmask_par(self._executor, matchers, bits)
         self.stats.masks += len(matchers)
         self.stats.compute_s += time.perf_counter() - started
-        return bits
 
     def _matcher(self, seq: Sequence) -> Any:
         matcher = self._matchers.get(seq)
@@ -171,6 +177,10 @@ class Guides:
             self._tokenizer = llguidance.hf.from_tokenizer(
                 hf, n_vocab=self._vocab_size, eos_token=self._eos or None
             )
-            self._executor = llguidance.LLExecutor()
+            # One thread: copies of one compiled grammar share its lexer behind a lock, so
+            # more threads only wait (H200, 32 rows: 0.42 ms a step on one thread, 0.48-1.06
+            # ms on 12; scripts/mask_speed.py), and they fight torch's OpenMP threads.
+            self._executor = llguidance.LLExecutor(1)
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="masks")
+            self._bitmask = TokenBitmask(self._vocab_size, self._device)
         return self._tokenizer

@@ -4,7 +4,12 @@ import random
 
 import pytest
 
+from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sampling_params import SamplingParams
+from kamado.engine.scheduler import Scheduler
+from kamado.engine.sequence import Sequence, Status
+from kamado.kv.block_pool import BlockPool
+from kamado.kv.prefix_cache import PrefixCache
 from tests.engine.conftest import greedy, make_engine, run
 
 
@@ -119,3 +124,27 @@ def test_a_preempted_sequence_is_admitted_before_new_ones(tiny_models):
     engine.scheduler.preempt(engine.scheduler.running[0])
     engine.step()
     assert [s.request_id for s in engine.scheduler.running] == ["first"]
+
+
+def test_a_short_follow_up_turn_gets_the_looser_prefill_budget_beside_decodes():
+    pacer = PrefillPacer(1.25, 4096, short_factor=2.0)
+    pacer.observe(2, 0, 0.040)
+    for tokens in (4, 8, 16, 32):  # 1 ms fixed, 0.25 ms a token: 36 tokens paced, 64 short
+        pacer.observe(2, tokens, 0.040 + 0.001 + 0.00025 * tokens)
+    pool = BlockPool(4096)
+    scheduler = Scheduler(pool, PrefixCache(pool, 16, enabled=False), 16, 8, 4096, pacer)
+
+    def running(name: str, prompt_len: int, computed: int, cached: int) -> Sequence:
+        seq = Sequence(name, 0, list(range(prompt_len)), greedy(8), len(scheduler.running))
+        seq.status, seq.num_computed, seq.num_cached_tokens = Status.RUNNING, computed, cached
+        pool.grow(seq.block_table, computed, 16)
+        scheduler.running.append(seq)
+        return seq
+
+    for i in range(2):
+        running(f"decode{i}", 20, 19, 0)
+    running("long", 3000, 0, 0)
+    running("follow-up", 6000, 5900, 5900)  # 100 new tokens after a cached conversation
+    chunks = {item.seq.request_id: item.num_new for item in scheduler.schedule()}
+    assert chunks["follow-up"] == 64  # the short turn's bound
+    assert "long" not in chunks  # the follow-up used more than the paced 36 tokens

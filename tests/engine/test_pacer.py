@@ -82,3 +82,27 @@ def test_when_any_chunk_overruns_the_slack_a_chunk_still_gets_the_slack():
     # One token would stall the streams 27 ms as well; 1.75 ms of slack buys 1750 tokens
     # (capped at twice the largest chunk measured).
     assert pacer.prefill_limit(3) == 2 * 128
+
+
+def test_one_token_chunks_that_overrun_the_slack_learn_the_slope_from_prefill_alone():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(0, 2048, 0.256)  # a prompt alone: 0.125 ms a token
+    pacer.observe(3, 0, 0.014)
+    for _ in range(8):  # an eager mixed step costs 7.5 ms more whatever the chunk
+        pacer.observe(3, 1, 0.014 + 0.0075)
+    fixed, per_token, _ = pacer.cost_model()
+    assert per_token == pytest.approx(0.000125) and fixed == pytest.approx(0.0075 - 0.000125)
+    # The fixed part overruns the 3.5 ms slack: a chunk gets the slack's worth on top
+    # (28 tokens), capped at twice the largest chunk measured.
+    assert pacer.prefill_limit(3) == 2
+    pacer.observe(3, 2, 0.014 + 0.0075 + 0.00025)
+    assert pacer.prefill_limit(3) == 4
+
+
+def test_a_short_turn_may_stretch_the_step_further_than_a_long_prompt():
+    pacer = PrefillPacer(1.25, 2048, short_factor=2.0)
+    pacer.observe(3, 0, 0.040)
+    for tokens in (4, 8, 16, 32):  # 1 ms fixed, 0.25 ms a token
+        pacer.observe(3, tokens, 0.040 + 0.001 + 0.00025 * tokens)
+    assert pacer.prefill_limit(3) == 36  # (10 ms slack - 1 ms) / 0.25 ms
+    assert pacer.prefill_limit(3, short_turn=True) == 64  # 39 ms would fit; twice 32 seen

@@ -19,12 +19,21 @@ FILLER = [7 + i % 40 for i in range(88)]  # pushes most of PROMPT's blocks out o
 NUM_BLOCKS = 24
 
 
-def small_engine(path: Path, disk: Path, **options):
+def block_bytes(path: Path, kv_cache_dtype: str = "auto") -> int:
     config = load_model_config(resolve_model(str(path)))
-    kv = kv_format(options.get("kv_cache_dtype", "auto"), torch.float32, "cpu")
-    per_block = bytes_per_block(config, BS, torch.float32, kv)
+    kv = kv_format(kv_cache_dtype, torch.float32, "cpu")
+    return bytes_per_block(config, BS, torch.float32, kv)
+
+
+def small_engine(path: Path, disk: Path | None, **options):
+    """An engine with room for NUM_BLOCKS blocks and its disk tier in `disk` (None: off)."""
+    per_block = block_bytes(path, options.get("kv_cache_dtype", "auto"))
     return make_engine(
-        path, block_size=BS, kv_cache_bytes=NUM_BLOCKS * per_block, kv_disk_dir=str(disk), **options
+        path,
+        block_size=BS,
+        kv_cache_bytes=NUM_BLOCKS * per_block,
+        kv_disk_dir=None if disk is None else str(disk),
+        **options,
     )
 
 
@@ -32,18 +41,20 @@ def evict_prompt(engine) -> None:
     run(engine, {"p": (PROMPT, greedy(4))})
     run(engine, {"filler": (FILLER, greedy(2))})
     assert engine.pool.num_evictions > 0
+    engine.close()  # its files are written, as at a clean shutdown
 
 
 def test_evicted_blocks_come_back_from_disk_with_cold_outputs(tiny_models, tmp_path):
     path, reference = tiny_models["qwen2"]
     engine = small_engine(path, tmp_path)
     evict_prompt(engine)
-    assert engine.prefix.stats.disk_bytes_written > 0
+    engine.disk.flush()
+    assert engine.disk.bytes_written > 0
     out = run(engine, {"again": (PROMPT, greedy(12))})["again"][0]
     stats = engine.prefix.stats
     assert stats.disk_hit_tokens > 0
     assert stats.device_hit_tokens + stats.disk_hit_tokens == len(PROMPT) - BS
-    assert engine.prefix.stats.disk_bytes_read > 0
+    assert engine.transfers.stats.disk_to_device > 0
     assert out == hf_greedy(reference, PROMPT, 12)
     assert engine.pool.num_used == 0
 
@@ -104,6 +115,7 @@ def test_a_file_renamed_to_our_key_is_refused_by_its_header(tmp_path):
     ours = DiskTier(tmp_path, 1 << 20, b"A" * 16, 64)
     theirs = DiskTier(tmp_path / "x", 1 << 20, b"B" * 16, 64)
     theirs.store(b"k" * 16, torch.ones(16))
+    theirs.flush()
     forged = tmp_path / ours._name(b"k" * 16)
     (tmp_path / "x" / theirs._name(b"k" * 16)).rename(forged)
     reopened = DiskTier(tmp_path, 1 << 20, b"A" * 16, 64)
@@ -118,8 +130,10 @@ def test_the_directory_stays_under_its_cap_dropping_the_least_recent(tmp_path):
     keys = [bytes([i]) * 16 for i in range(5)]
     for i, key in enumerate(keys[:3]):
         tier.store(key, torch.full(shape, float(i)))
+    tier.flush()
     assert tier.load(keys[0]) is not None  # used: now the most recent
     tier.store(keys[3], torch.zeros(shape))
+    tier.flush()
     assert keys[1] not in tier and keys[0] in tier
     assert tier.num_bytes <= 3 * one and tier.num_removed == 1
     assert torch.equal(tier.load(keys[2]).view(torch.float32).view(shape), torch.full(shape, 2.0))
@@ -139,3 +153,18 @@ def test_quantized_blocks_come_back_from_disk_after_a_restart(
     out = run(restarted, {"again": (PROMPT, greedy(10))})["again"][0]
     assert restarted.prefix.stats.disk_hit_tokens == len(PROMPT) - BS
     assert out == cold["p"][0]  # codes and scales restored byte for byte
+
+
+def test_a_block_that_fails_to_write_does_not_stop_the_writer(tmp_path, monkeypatch):
+    from kamado.kv import disk_tier
+
+    tier = DiskTier(tmp_path, 1 << 20, b"F" * 16, 64)
+    checksum = disk_tier._checksum
+    monkeypatch.setattr(disk_tier, "_checksum", lambda payload: 1 / 0)
+    tier.store(b"a" * 16, torch.ones(16))
+    tier.flush()  # returns: the failure was logged, not raised in the thread
+    assert b"a" * 16 not in tier
+    monkeypatch.setattr(disk_tier, "_checksum", checksum)
+    tier.store(b"b" * 16, torch.ones(16))
+    tier.flush()
+    assert torch.equal(tier.load(b"b" * 16).view(torch.float32), torch.ones(16))
