@@ -30,6 +30,9 @@ class PrefixMatch:
     device_blocks: list[int] = field(default_factory=list)  # cached on the device, in order
     lower_keys: list[bytes] = field(default_factory=list)  # the blocks after them, below
     num_unreferenced: int = 0  # device blocks nobody reads now: taking them uses free room
+    # A running sequence prefilling the block after them: waiting for it to be computed
+    # costs less than computing it twice (agents starting at once share a system prompt).
+    computing: Sequence | None = None
 
     def num_blocks(self) -> int:
         return len(self.device_blocks) + len(self.lower_keys)
@@ -69,6 +72,8 @@ class PrefixCache:
         self.enabled = enabled
         self.stats = PrefixStats()
         self._newest: OrderedDict[str, SessionTurn] = OrderedDict()
+        # Full prompt blocks that running sequences have yet to compute, by key.
+        self._in_flight: dict[bytes, Sequence] = {}
         if transfers is not None:
             pool.on_evict = transfers.evicting
 
@@ -87,6 +92,7 @@ class PrefixCache:
             elif block is None and self.transfers is not None and key in self.transfers:
                 found.lower_keys.append(key)
             else:
+                found.computing = self._in_flight.get(key)
                 break
         return found
 
@@ -98,6 +104,7 @@ class PrefixCache:
             self.pool.reuse(block)
             seq.block_table.append(block)
         seq.num_computed = len(seq.block_table) * self.block_size
+        self._mark_in_flight(seq, len(seq.block_table) + len(found.lower_keys))
         if found.lower_keys:
             assert self.transfers is not None
             blocks = []
@@ -108,6 +115,20 @@ class PrefixCache:
             seq.restore = self.transfers.restore(blocks, found.lower_keys)
         else:
             self._count_hits(seq, {})
+
+    def _mark_in_flight(self, seq: Sequence, first: int) -> None:
+        """The full prompt blocks from `first` on are this sequence's to compute."""
+        if not self.enabled:
+            return
+        num_full = seq.num_prompt_tokens // self.block_size
+        extend_keys(seq.block_keys, seq.token_ids, num_full, self.block_size)
+        for key in seq.block_keys[first:num_full]:
+            self._in_flight.setdefault(key, seq)
+
+    def _clear_in_flight(self, seq: Sequence, keys: list[bytes]) -> None:
+        for key in keys:
+            if self._in_flight.get(key) is seq:
+                del self._in_flight[key]
 
     def finish_restore(self, seq: Sequence) -> None:
         """The restore of `seq` ended: its filled blocks become findable and count as
@@ -142,7 +163,8 @@ class PrefixCache:
         previous = self._newest.get(seq.session) if seq.session is not None else None
         if previous is None or seq.index != 0:
             return
-        comparable = min(previous.num_prompt_blocks, len(seq.block_keys))
+        # The blocks a lookup compares: all full ones but the one holding the last token.
+        comparable = min(previous.num_prompt_blocks, (seq.num_tokens - 1) // self.block_size)
         same = 0
         while same < comparable and seq.block_keys[same] == previous.keys[same]:
             same += 1
@@ -167,11 +189,13 @@ class PrefixCache:
             return
         num_full = seq.num_computed // self.block_size
         extend_keys(seq.block_keys, seq.token_ids, num_full, self.block_size)
-        for b in range(num_computed_before // self.block_size, num_full):
+        first = num_computed_before // self.block_size
+        for b in range(first, num_full):
             block, key = seq.block_table[b], seq.block_keys[b]
             self.pool.set_key(block, key)
             if self.transfers is not None and self.pool.key_of.get(block) == key:
                 self.transfers.filled(block, key)
+        self._clear_in_flight(seq, seq.block_keys[first:num_full])
 
     def release(self, seq: Sequence) -> None:
         """The sequence lets go of its blocks; full ones stay cached, owned by its session.
@@ -179,6 +203,7 @@ class PrefixCache:
         if seq.restore is not None:
             seq.restore.cancelled = True
             self.finish_restore(seq)
+        self._clear_in_flight(seq, seq.block_keys)
         for depth, block in enumerate(seq.block_table):
             self.pool.release(block, seq.session, depth)
         seq.block_table = []
