@@ -7,7 +7,9 @@ is preempted: its blocks are freed (full ones stay cached) and it is recomputed 
 from its tokens, ahead of new arrivals. New arrivals are admitted session by session
 (the one running least goes first), so one agent's burst cannot starve the others. One
 whose cached prefix continues in host RAM or on disk waits, holding the blocks being
-filled, while the others run, and goes first once they are back.
+filled, while the others run, and goes first once they are back; one whose next prompt
+block another sequence is prefilling right now waits for it to be computed, not to
+compute it twice.
 
 With speculation, a decoding sequence also carries the draft tokens the speculator
 planned for it, verified in the same step, where free blocks allow: a draft never
@@ -109,14 +111,18 @@ class Scheduler:
                 break
             batch.append(ScheduledSeq(seq, num_new))
             budget.spend(num_new)
+        deferred: set[int] = set()
         while self.waiting and budget.left(True) > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting()
+            seq = self._next_waiting(deferred)
             if seq is None:
-                break  # the rest wait for their blocks to come back from host RAM or disk
+                break  # the rest wait for their blocks: back from host RAM or disk, or computed
             if seq.restore is not None:
                 self.prefix.finish_restore(seq)
             else:
                 found = self.prefix.match(seq)
+                if found.computing is not None and found.computing.status is Status.RUNNING:
+                    deferred.add(id(seq))  # admitted once the other one has computed them
+                    continue
                 cached = found.num_tokens(self.block_size)
                 short = seq.num_tokens - cached <= self.pacer.SHORT_TURN_TOKENS
                 num_new = min(seq.num_tokens - cached, budget.left(short))
@@ -148,12 +154,17 @@ class Scheduler:
             return self.schedule()
         return batch
 
-    def _next_waiting(self) -> Sequence | None:
-        """The sequence to admit next, of those not waiting for a restore. One whose blocks
-        came back first: it holds them. Then preempted ones: they were running already.
-        Then the session with the fewest running sequences, oldest first among equals, so
-        one client's burst of requests cannot starve the other agents."""
-        ready = [s for s in self.waiting if s.restore is None or s.restore.done()]
+    def _next_waiting(self, deferred: set[int]) -> Sequence | None:
+        """The sequence to admit next, of those not waiting for a restore or for blocks
+        another sequence is computing (`deferred`). One whose blocks came back first: it
+        holds them. Then preempted ones: they were running already. Then the session with
+        the fewest running sequences, oldest first among equals, so one client's burst of
+        requests cannot starve the other agents."""
+        ready = [
+            s
+            for s in self.waiting
+            if (s.restore is None or s.restore.done()) and id(s) not in deferred
+        ]
         if not ready:
             return None
         running = Counter(_fairness_key(s) for s in self.running)

@@ -34,6 +34,9 @@ class PrefixMatch:
     lower_keys: list[bytes] = field(default_factory=list)  # the blocks after them, below
     num_unreferenced: int = 0  # device blocks nobody reads now: taking them uses free room
     partial: TokenMatch | None = None  # a block to copy the first tokens of, after them all
+    # A running sequence prefilling the block after them: waiting for it to be computed
+    # costs less than computing it twice (agents starting at once share a system prompt).
+    computing: Sequence | None = None
 
     def num_blocks(self) -> int:
         return len(self.device_blocks) + len(self.lower_keys)
@@ -80,6 +83,8 @@ class PrefixCache:
         self.cache = cache
         self.stats = PrefixStats()
         self._newest: OrderedDict[str, SessionTurn] = OrderedDict()
+        # Full prompt blocks that running sequences have yet to compute, by key.
+        self._in_flight: dict[bytes, Sequence] = {}
         self.block_tokens = BlockTokens(block_size)
         pool.on_evict = self._evicted
 
@@ -98,6 +103,7 @@ class PrefixCache:
             elif block is None and self.transfers is not None and key in self.transfers:
                 found.lower_keys.append(key)
             else:
+                found.computing = self._in_flight.get(key)
                 break
         self._match_partial(seq, found)
         return found
@@ -126,6 +132,7 @@ class PrefixCache:
         seq.partial = found.partial
         if found.partial is not None:
             self.pool.reuse(found.partial.block)  # pinned: allocations may not evict it
+        self._mark_in_flight(seq, len(seq.block_table) + len(found.lower_keys))
         if found.lower_keys:
             assert self.transfers is not None
             blocks = []
@@ -137,6 +144,20 @@ class PrefixCache:
         else:
             self._copy_partial(seq)
             self._count_hits(seq, {})
+
+    def _mark_in_flight(self, seq: Sequence, first: int) -> None:
+        """The full prompt blocks from `first` on are this sequence's to compute."""
+        if not self.enabled:
+            return
+        num_full = seq.num_prompt_tokens // self.block_size
+        extend_keys(seq.block_keys, seq.token_ids, num_full, self.block_size)
+        for key in seq.block_keys[first:num_full]:
+            self._in_flight.setdefault(key, seq)
+
+    def _clear_in_flight(self, seq: Sequence, keys: list[bytes]) -> None:
+        for key in keys:
+            if self._in_flight.get(key) is seq:
+                del self._in_flight[key]
 
     def finish_restore(self, seq: Sequence) -> None:
         """The restore of `seq` ended: its filled blocks become findable and count as
@@ -196,7 +217,8 @@ class PrefixCache:
         previous = self._newest.get(seq.session) if seq.session is not None else None
         if previous is None or seq.index != 0:
             return
-        comparable = min(previous.num_prompt_blocks, len(seq.block_keys))
+        # The blocks a lookup compares: all full ones but the one holding the last token.
+        comparable = min(previous.num_prompt_blocks, (seq.num_tokens - 1) // self.block_size)
         same = 0
         while same < comparable and seq.block_keys[same] == previous.keys[same]:
             same += 1
@@ -221,7 +243,8 @@ class PrefixCache:
             return
         num_full = seq.num_computed // self.block_size
         extend_keys(seq.block_keys, seq.token_ids, num_full, self.block_size)
-        for b in range(num_computed_before // self.block_size, num_full):
+        first = num_computed_before // self.block_size
+        for b in range(first, num_full):
             block, key = seq.block_table[b], seq.block_keys[b]
             self.pool.set_key(block, key)
             if self.pool.key_of.get(block) != key:
@@ -230,6 +253,7 @@ class PrefixCache:
             self.block_tokens.add(block, seq.block_keys[b - 1] if b else ROOT, tokens)
             if self.transfers is not None:
                 self.transfers.filled(block, key)
+        self._clear_in_flight(seq, seq.block_keys[first:num_full])
 
     def release(self, seq: Sequence) -> None:
         """The sequence lets go of its blocks; full ones and the computed part of a partly
@@ -239,6 +263,7 @@ class PrefixCache:
             seq.restore.cancelled = True
             self.finish_restore(seq)
         self._keep_partial(seq)
+        self._clear_in_flight(seq, seq.block_keys)
         for depth, block in enumerate(seq.block_table):
             self.pool.release(block, seq.session, depth)
         seq.block_table = []

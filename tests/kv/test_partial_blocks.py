@@ -47,12 +47,14 @@ def kv_at(engine, table: list[int], positions: range) -> list[torch.Tensor]:
 
 
 def start(engine, prompts: dict[str, list[int]], n: int) -> dict[str, list[int]]:
-    """Add requests and take one step (all of them admitted); their first tokens."""
+    """Add requests and step until each has its first token (after any blocks it waits
+    for came back from disk); the tokens so far."""
     for name, prompt in prompts.items():
         engine.add_request(name, prompt, greedy(n))
     out = {name: [] for name in prompts}
-    for delta in engine.step():
-        out[delta.request_id] += delta.new_token_ids
+    while not all(out.values()):
+        for delta in engine.step():
+            out[delta.request_id] += delta.new_token_ids
     return out
 
 

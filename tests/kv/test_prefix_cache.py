@@ -85,6 +85,35 @@ def test_concurrent_requests_read_the_same_blocks(tiny_models):
     assert engine.pool.num_cached > 0
 
 
+def test_agents_starting_together_compute_their_shared_prompt_once(tiny_models):
+    path, reference = tiny_models["qwen2"]
+    engine = make_engine(path, block_size=BS, max_num_batched_tokens=8)  # chunked prefill
+    system = list(range(40, 80))  # 10 blocks every agent's prompt starts with
+    prompts = {f"agent{i}": system + [100 + i] * 6 for i in range(3)}
+    out = run(engine, {rid: (prompt, greedy(5)) for rid, prompt in prompts.items()})
+    for rid, prompt in prompts.items():
+        assert out[rid][0] == hf_greedy(reference, prompt, 5)
+    # One agent computed the system prompt; the others waited for its blocks.
+    assert engine.stats.prompt_tokens_total < 2 * len(system)  # not 3x
+    assert engine.prefix.stats.device_hit_tokens == 2 * len(system)
+    assert_no_leaks(engine)
+
+
+def test_a_request_waiting_on_an_aborted_prefill_computes_the_prompt_itself(tiny_models):
+    path, reference = tiny_models["llama"]
+    engine = make_engine(path, block_size=BS, max_num_batched_tokens=8)
+    prompt = list(range(30, 70))
+    engine.add_request("first", prompt, greedy(3))
+    engine.add_request("second", prompt + [7], greedy(3))
+    engine.step()
+    engine.step()
+    assert engine.scheduler.waiting  # "second" waits for the blocks "first" is computing
+    engine.abort("first")
+    out = run(engine, {})
+    assert out["second"][0] == hf_greedy(reference, prompt + [7], 3)
+    assert_no_leaks(engine)
+
+
 def test_n_choices_fork_from_a_cached_prefix(tiny_models):
     path, _ = tiny_models["qwen2"]
     prompt = list(range(5, 31))
