@@ -35,7 +35,10 @@ def test_a_full_host_tier_leaves_its_oldest_blocks_on_disk(tiny_models, tmp_path
     path, reference = tiny_models["llama"]
     engine = small_engine(path, tmp_path, kv_host_bytes=3 * block_bytes(path))
     evict_prompt(engine)
-    assert engine.host.num_evictions > 0 and len(engine.host) == 3
+    # The rest were pushed out of host RAM, or (slots still being written) went straight
+    # to disk: which, depends on the disk writer's pace.
+    assert len(engine.host) == 3
+    assert engine.host.num_evictions + engine.host.num_bypassed > 0
     assert len(engine.disk) >= engine.pool.num_evictions  # every evicted block, written
     out = run(engine, {"again": (PROMPT, greedy(10))})["again"][0]
     stats = engine.prefix.stats
@@ -69,7 +72,7 @@ def test_other_sequences_keep_decoding_while_a_prefix_comes_back(
     engine.add_request("decoding", decoding, greedy(40))
     for _ in range(3):
         engine.step()
-    slow_disk(monkeypatch, 0.05)  # ~0.45 s for the prompt's 9 blocks
+    slow_disk(monkeypatch, 0.1)  # ~0.9 s for the prompt's 9 blocks
     engine.add_request("again", PROMPT, greedy(6))
     tokens_while_restoring = 0
     outputs: dict[str, list[int]] = {}
