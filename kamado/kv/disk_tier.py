@@ -122,7 +122,7 @@ class DiskTier:
         """Queue a block's bytes (flat uint8, not modified until written) for writing unless
         they are here already; returns the bytes accepted. `written` runs once the writer is
         done with `data` (written or not)."""
-        data = data.contiguous().view(-1).view(torch.uint8)
+        data = data.contiguous().view(-1).view(torch.uint8).cpu()  # a GPU block is copied here
         with self._lock:
             path = self._ours.get(key)
             if path is not None:
