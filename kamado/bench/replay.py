@@ -3,8 +3,8 @@
 Each agent's turns go out one after another (streamed, with usage); agents run side by
 side. Reported: prefix-cache hit rate (usage.prompt_tokens_details.cached_tokens over
 prompt tokens), time to first token as the client sees it (first content or tool-call
-delta) for all turns and for follow-up turns, generated tokens per second, completed
-turns per hour, and errors. A server that leaves out cached_tokens (or usage in streams)
+delta) for all turns and for follow-up turns, each turn's time from request to the end of
+its reply, generated tokens per second, completed turns per hour, and errors. A server that leaves out cached_tokens (or usage in streams)
 gets "not reported", never a zero it did not say.
 """
 
@@ -142,6 +142,9 @@ def summarize(results: list[TurnResult], wall_s: float) -> dict[str, Any]:
         "prefix_hit_rate_follow_ups": hit_rate(follow_ups),
         "ttft": ttft(ok),
         "ttft_follow_ups": ttft(follow_ups),
+        # Request to last byte: comparable where servers stream differently (kamado holds
+        # a reply that may be a tool call until it parses; a raw-text stream does not).
+        "turn_time": median_p99([r.seconds for r in ok]),
         "prompt_tokens": sum(r.prompt_tokens for r in ok) if by_usage else None,
         "generated_tokens_counted_from": "usage" if by_usage else "stream chunks",
         "generated_tokens_per_s": generated / wall_s,
@@ -169,6 +172,8 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("TTFT p99, all turns", sec(s["ttft"]["p99_s"])),
         ("TTFT median, follow-ups", sec(s["ttft_follow_ups"]["median_s"])),
         ("TTFT p99, follow-ups", sec(s["ttft_follow_ups"]["p99_s"])),
+        ("turn time median", sec(s["turn_time"]["median_s"])),
+        ("turn time p99", sec(s["turn_time"]["p99_s"])),
         ("generated tokens/s", f"{s['generated_tokens_per_s']:.1f}{tokens_note}"),
         ("turns/hour", f"{s['turns_per_hour']:.0f}"),
     ]

@@ -51,6 +51,7 @@ def test_summary_counts_hits_over_prompt_tokens_and_errors():
     assert s["ttft_follow_ups"]["median_s"] == 0.2
     assert s["turns_per_hour"] == pytest.approx(2 * 360)
     assert s["generated_tokens_per_s"] == pytest.approx(0.8)
+    assert s["turn_time"]["median_s"] == 1.5
 
 
 def test_a_larger_system_prompt_is_shared_by_every_agent():
