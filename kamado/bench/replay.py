@@ -4,8 +4,9 @@ Each agent's turns go out one after another (streamed, with usage); agents run s
 side. Reported: prefix-cache hit rate (usage.prompt_tokens_details.cached_tokens over
 prompt tokens), time to first token as the client sees it (first content or tool-call
 delta) for all turns and for follow-up turns, each turn's time from request to the end of
-its reply, generated tokens per second, completed turns per hour, and errors. A server that leaves out cached_tokens (or usage in streams)
-gets "not reported", never a zero it did not say.
+its reply, generated tokens per second, completed turns per hour, and errors. A server
+that leaves out cached_tokens (or usage in streams) gets "not reported", never a zero it
+did not say.
 """
 
 from __future__ import annotations
