@@ -191,10 +191,21 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         help="replay in a loop for DURATION (90s, 30m, 2h), watching memory and KV blocks",
     )
     run.add_argument("--window", type=float, default=60.0, help="--soak report interval, s")
-    both = rsub.add_parser("compare", help="replay against kamado, prefix cache on, then off")
+    both = rsub.add_parser(
+        "compare",
+        help="replay against kamado, prefix cache on, then off; or kamado, then a peer server",
+    )
     both.add_argument("trace")
     both.add_argument("--model", default=DEFAULT_MODEL)
     both.add_argument("--serve-arg", action="append", help="extra `kamado serve` argument")
+    peer = both.add_mutually_exclusive_group()
+    peer.add_argument("--peer-url", default=None, help="a running peer's OpenAI base URL")
+    peer.add_argument(
+        "--peer-command",
+        default=None,
+        help="shell command starting a peer on {port}; stopped after its replay",
+    )
+    both.add_argument("--peer-name", default="peer", help="the peer's column in the report")
     both.add_argument("--out", default=None, help="write raw results JSON here")
 
 

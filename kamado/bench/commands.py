@@ -123,10 +123,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 0
     turns = read_trace(args.trace)
     if args.replay_command == "compare":
-        from kamado.bench.replay_servers import compare
+        from kamado.bench.replay_servers import compare, compare_with_peer
 
-        results = compare(args.model, turns, args.serve_arg or [])
-        write_results(args.out, "replay-compare", {"trace": args.trace, **results})
+        serve_args = args.serve_arg or []
+        if args.peer_url or args.peer_command:
+            results = compare_with_peer(
+                args.model, turns, serve_args, args.peer_name, args.peer_command, args.peer_url
+            )
+            kind = "replay-vs-peer"
+        else:
+            results, kind = compare(args.model, turns, serve_args), "replay-compare"
+        write_results(args.out, kind, {"trace": args.trace, **results})
         return 0
     import asyncio
 
@@ -143,9 +150,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         write_results(args.out, "soak", {"trace": args.trace, "url": args.url, **results})
         return 0 if results["verdict"]["passed"] else 1
 
-    from kamado.bench.replay import format_summary, replay
+    from kamado.bench.replay import format_table, replay
 
     summary = asyncio.run(replay(args.url, turns, args.model or ""))
-    print(format_summary(args.url, summary))
+    print(format_table({args.url: summary}))
     write_results(args.out, "replay", {"trace": args.trace, "url": args.url, **summary})
     return 1 if summary["errors"] else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -55,7 +56,7 @@ def write_results(path: str | None, kind: str, results: Any) -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         "commit": commit(),
-        "command": "kamado " + " ".join(sys.argv[1:]),
+        "command": shlex.join(["kamado", *sys.argv[1:]]),  # quoted: runs as pasted
         "results": results,
     }
     if path:

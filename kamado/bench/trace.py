@@ -188,7 +188,9 @@ def generate_trace(
             messages.append(
                 {
                     "role": "assistant",
-                    "content": None,
+                    # "" rather than null, which llama-cpp-python's server refuses (a peer
+                    # in `replay compare`); Qwen's template renders both the same.
+                    "content": "",
                     "tool_calls": [
                         {
                             "id": call_id,

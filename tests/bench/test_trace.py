@@ -38,9 +38,10 @@ def test_a_bad_line_is_reported_with_its_number(tmp_path):
 
 
 def test_summary_counts_hits_over_prompt_tokens_and_errors():
+    usage = {"completion_tokens": 4, "usage_reported": True}
     results = [
-        TurnResult("a", 0, 1.0, 2.0, prompt_tokens=100, cached_tokens=0, completion_tokens=4),
-        TurnResult("a", 1, 0.2, 1.0, prompt_tokens=200, cached_tokens=180, completion_tokens=4),
+        TurnResult("a", 0, 1.0, 2.0, prompt_tokens=100, cached_tokens=0, **usage),
+        TurnResult("a", 1, 0.2, 1.0, prompt_tokens=200, cached_tokens=180, **usage),
         TurnResult("b", 1, None, 0.1, error="HTTP 500"),
     ]
     s = summarize(results, wall_s=10.0)
@@ -49,6 +50,8 @@ def test_summary_counts_hits_over_prompt_tokens_and_errors():
     assert s["prefix_hit_rate_follow_ups"] == pytest.approx(0.9)
     assert s["ttft_follow_ups"]["median_s"] == 0.2
     assert s["turns_per_hour"] == pytest.approx(2 * 360)
+    assert s["generated_tokens_per_s"] == pytest.approx(0.8)
+    assert s["turn_time"]["median_s"] == 1.5
 
 
 def test_a_larger_system_prompt_is_shared_by_every_agent():
