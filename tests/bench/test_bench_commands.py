@@ -92,3 +92,30 @@ def test_spec_bench_compares_every_task_on_and_off(tmp_path):
     assert {(r["task"], r["speculation"]) for r in results["runs"]} == {
         (t, s) for t in ("edit", "agent", "prose") for s in ("off", "auto")
     }
+
+
+def test_spec_bench_checks_where_outputs_first_differ_for_a_rounding_tie():
+    from kamado.bench.spec import SpecRun, _first_differences
+    from kamado.config import EngineConfig
+    from kamado.engine.core import EngineCore
+    from kamado.engine.sampling_params import SamplingParams
+
+    off = EngineCore(EngineConfig(model=TINY, dtype="float32", speculation="off"))
+    prompt = [5, 6, 7, 8]
+    off.add_request("ref", prompt, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    reference: list[int] = []
+    while off.has_work():
+        for delta in off.step():
+            reference += delta.new_token_ids
+    changed = reference[:2] + [(reference[2] + 1) % 100] + reference[3:]
+
+    def run(mode: str, outputs: list[int]) -> SpecRun:
+        return SpecRun("prose", mode, 0, 4, 1.0, 4.0, 4, 1.0, 0, 0, [outputs])
+
+    found = _first_differences(
+        off, {"prose": [prompt]}, [run("off", reference), run("auto", changed)], "auto"
+    )
+    (difference,) = found["prose"]
+    assert (difference["position"], difference["off_token"]) == (2, reference[2])
+    assert not difference["tie"]  # float32 random weights: the token stood alone
+    assert difference["off_top"][0][0] == reference[2]
