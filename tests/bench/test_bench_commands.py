@@ -119,3 +119,17 @@ def test_spec_bench_checks_where_outputs_first_differ_for_a_rounding_tie():
     assert (difference["position"], difference["off_token"]) == (2, reference[2])
     assert not difference["tie"]  # float32 random weights: the token stood alone
     assert difference["off_top"][0][0] == reference[2]
+
+
+def test_structured_bench_times_constrained_and_free_decoding_at_each_batch(tmp_path):
+    out = tmp_path / "structured.json"
+    args = ["bench", "--structured", "--model", "smollm2-135m-instruct", "--gen-len", "6"]
+    assert main([*args, "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    runs = results["runs"] if isinstance(results, dict) else results
+    assert {(r["batch"], r["constrained"]) for r in runs} == {
+        (b, c) for b in (1, 8) for c in (False, True)
+    }
+    for r in runs:
+        assert r["decode_tok_s"] > 0 and r["step_ms"] > 0
+        assert (r["mask_compute_ms"] > 0) == r["constrained"]
