@@ -24,7 +24,6 @@ from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import Scheduler
 from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
-from kamado.kv.cache import bytes_per_block
 from kamado.kv.disk_tier import DiskTier
 from kamado.kv.host_tier import HostTier
 from kamado.kv.prefix_cache import PrefixCache
@@ -153,9 +152,8 @@ class EngineCore:
         c = self.config
         if not c.kv_disk_dir or c.kv_disk_bytes <= 0:
             return None
-        block_bytes = bytes_per_block(self.model_config, c.block_size, self.dtype, self.kv_format)
         fingerprint = kv_fingerprint(c, self.model_config, self.dtype, self.kv_format)
-        return DiskTier(c.kv_disk_dir, c.kv_disk_bytes, fingerprint, block_bytes)
+        return DiskTier(c.kv_disk_dir, c.kv_disk_bytes, fingerprint, self.runner.cache.block_bytes)
 
     def _host_tier(self) -> HostTier | None:
         capacity = host_tier_bytes(self.config)
@@ -311,9 +309,8 @@ class EngineCore:
                     self._fork(item.seq, child)
                 item.seq.pending_forks = []
         deltas = [self._append(v) for v in verified]
-        self._update_stats(num_prefill, sum(len(d.new_token_ids) for d in deltas), seconds)
-        s = self.stats
-        s.last_step_decodes, s.last_step_draft_tokens = num_decodes, num_drafted
+        num_generated = sum(len(d.new_token_ids) for d in deltas)
+        self._update_stats(num_decodes, num_prefill, num_drafted, num_generated, seconds)
         return deltas
 
     def _append(self, verified: Verified) -> TokenDelta:
@@ -395,13 +392,18 @@ class EngineCore:
             return "length"
         return None
 
-    def _update_stats(self, num_prefill: int, num_generated: int, seconds: float) -> None:
+    def _update_stats(
+        self, num_decodes: int, num_prefill: int, num_drafted: int, num_generated: int,
+        seconds: float,
+    ) -> None:  # fmt: skip
         s = self.stats
         s.prompt_tokens_total += num_prefill
         s.generation_tokens_total += num_generated
         s.steps += 1
         s.last_step_seconds = seconds
+        s.last_step_decodes = num_decodes
         s.last_step_prefill_tokens = num_prefill
+        s.last_step_draft_tokens = num_drafted
 
     def snapshot(self) -> EngineStats:
         """Stats as of now (also between steps, e.g. after aborts)."""

@@ -55,6 +55,9 @@ class KVCache:
         scales = config.num_layers if self.format.scaled else 0
         self.k_scale = [torch.empty(shape[:2], device=device) for _ in range(scales)]
         self.v_scale = [torch.empty(shape[:2], device=device) for _ in range(scales)]
+        # A block's bytes in each tensor, in the order of its flat form (read_block).
+        self._part_bytes = [block_size * t[0].numel() * t.element_size() for t in self._tensors()]
+        self.block_bytes = sum(self._part_bytes)
 
     def _tensors(self) -> list[torch.Tensor]:
         """Every tensor indexed by slot: codes (or values), then scales."""
@@ -115,10 +118,6 @@ class KVCache:
         for t, rows in zip(self._tensors(), self._parts(data), strict=True):
             self._by_block(t).index_copy_(0, blocks, rows)
 
-    @property
-    def block_bytes(self) -> int:
-        return sum(self.block_size * t[0].numel() * t.element_size() for t in self._tensors())
-
     def _by_block(self, t: torch.Tensor) -> torch.Tensor:
         """A slot-indexed tensor viewed as [num_blocks, block_size * rest] bytes."""
         return t.view(torch.uint8).view(self.num_blocks, -1)
@@ -126,8 +125,7 @@ class KVCache:
     def _parts(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """Views of block rows [n, block bytes], one per cache tensor, as [n, its bytes]."""
         parts, offset = [], 0
-        for t in self._tensors():
-            n = self.block_size * t[0].numel() * t.element_size()
+        for n in self._part_bytes:
             parts.append(rows[:, offset : offset + n])
             offset += n
         return parts
