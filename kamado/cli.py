@@ -132,7 +132,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--new-tokens", type=int, default=1024, help="--agents: new tokens a turn")
     p.add_argument("--turns", type=int, default=4, help="--agents: follow-up turns per agent")
-    p.add_argument("--device", default="cpu", help="--agents: cpu or cuda")
+    p.add_argument("--device", default="cpu", help="--agents, --fairness: cpu or cuda")
     p.add_argument("--kv-cache", action="store_true", help="int8/fp8 KV cache vs the model's dtype")
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV budget (--kv-cache)")
     p.add_argument("--batch", type=int, default=4, help="decoding sequences (--kv-cache)")

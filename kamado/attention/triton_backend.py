@@ -1,8 +1,9 @@
 """Attention on CUDA through Triton kernels over the paged cache (see triton_kernels.py).
 
-A step of single-token decodes runs the split-K decode kernel; any step with a longer
-chunk runs the extend kernel for every sequence. Decode metadata can live in static
-buffers (`DecodeBuffers`) so a captured CUDA graph replays with fresh inputs.
+Single-token rows (decodes) run the split-K decode kernel; longer chunks (prefill, verify)
+run the extend kernel, split along the keys too when a step has few query tiles, so a
+short chunk over a 100k context still spreads over the GPU. Decode metadata can live in
+static buffers (`DecodeBuffers`) so a captured CUDA graph replays with fresh inputs.
 """
 
 from __future__ import annotations
@@ -10,34 +11,69 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from kamado.attention.backend import SeqChunk
 from kamado.attention.triton_kernels import decode_attention, extend_attention, store_kv
 from kamado.kv.cache import KVCache
 
-# Decode splits the context so that about this many programs run per step; a power of two
-# each, at most MAX_SPLITS (one long sequence then still spreads over the GPU).
-TARGET_DECODE_PROGRAMS = 256
+# Attention splits each context so that about this many programs run per step; a power of
+# two each, at most MAX_SPLITS (one long sequence then still spreads over the GPU).
+TARGET_PROGRAMS = 256
 MAX_SPLITS = 64
+# An extend split covers at least this many keys: shorter ones cost more to merge than
+# they save.
+MIN_SPLIT_KEYS = 1024
 
 
 def decode_splits(batch: int, num_kv_heads: int) -> int:
+    """Fixed per captured batch size, so it cannot depend on the context lengths."""
+    return _splits(batch * num_kv_heads, MAX_SPLITS)
+
+
+def extend_splits(programs: int, longest_context: int) -> int:
+    return _splits(programs, min(MAX_SPLITS, longest_context // MIN_SPLIT_KEYS))
+
+
+def _splits(programs: int, most: int) -> int:
     splits = 1
-    while splits < MAX_SPLITS and batch * num_kv_heads * splits * 2 <= TARGET_DECODE_PROGRAMS:
+    while splits * 2 <= most and programs * splits * 2 <= TARGET_PROGRAMS:
         splits *= 2
     return splits
+
+
+def extend_block_m(max_query_len: int) -> int:
+    """Query rows per tile: a short chunk gets a small tile rather than a mostly empty one."""
+    return min(128, max(16, triton.next_power_of_2(max_query_len)))
+
+
+@dataclass
+class DecodeRows:
+    """Single-token rows: row i of `rows` (every row, in order, when None) is sequence i."""
+
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    context_lens: torch.Tensor  # [B] int32; 0 for a padding row
+    rows: torch.Tensor | None  # [B] int64 rows of the step's q
+    num_splits: int  # 0: chosen at forward, from the KV head count
+
+
+@dataclass
+class ExtendRows:
+    """Sequences with longer chunks, their queries where query_start says in the step's q."""
+
+    block_tables: torch.Tensor  # [S, max_blocks] int32
+    query_start: torch.Tensor  # [S] int32
+    query_lens: torch.Tensor  # [S] int32
+    context_lens: torch.Tensor  # [S] int32
+    max_query_len: int
+    longest_context: int
 
 
 @dataclass
 class TritonMetadata:
     slot_mapping: torch.Tensor  # [T] int64; negative: a padding row, nothing written
-    block_tables: torch.Tensor  # [S, max_blocks] int32
-    context_lens: torch.Tensor  # [S] int32
-    # None when every sequence decodes one token (row i is sequence i).
-    query_start: torch.Tensor | None  # [S] int32
-    query_lens: torch.Tensor | None  # [S] int32
-    max_query_len: int
-    num_splits: int
+    decode: DecodeRows | None
+    extend: ExtendRows | None
 
 
 @dataclass
@@ -49,15 +85,13 @@ class DecodeBuffers:
     context_lens: torch.Tensor
 
     def view(self, batch: int, num_kv_heads: int) -> TritonMetadata:
-        return TritonMetadata(
-            self.slot_mapping[:batch],
+        rows = DecodeRows(
             self.block_tables[:batch],
             self.context_lens[:batch],
             None,
-            None,
-            1,
             decode_splits(batch, num_kv_heads),
         )
+        return TritonMetadata(self.slot_mapping[:batch], rows, None)
 
 
 class TritonAttention:
@@ -67,23 +101,38 @@ class TritonAttention:
 
     def build_metadata(self, chunks: list[SeqChunk], block_size: int) -> TritonMetadata:
         slot_mapping, query_start = host_step_layout(chunks, block_size)
-        width = max(-(-c.context_len // block_size) for c in chunks)
-        decode_only = all(c.query_len == 1 for c in chunks)
+        decodes = [i for i, c in enumerate(chunks) if c.query_len == 1]
+        extends = [i for i, c in enumerate(chunks) if c.query_len > 1]
 
-        def ints(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32).to(self.device, non_blocking=True)
+        def ints(values: list[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
-        return TritonMetadata(
-            slot_mapping=torch.tensor(slot_mapping).to(self.device, non_blocking=True),
-            block_tables=host_block_tables(chunks, block_size, len(chunks), width).to(
-                self.device, non_blocking=True
-            ),
-            context_lens=ints([c.context_len for c in chunks]),
-            query_start=None if decode_only else ints(query_start),
-            query_lens=None if decode_only else ints([c.query_len for c in chunks]),
-            max_query_len=max(c.query_len for c in chunks),
-            num_splits=0,  # chosen at forward, from the KV head count
-        )
+        def tables(picked: list[SeqChunk]) -> torch.Tensor:
+            width = max(-(-c.context_len // block_size) for c in picked)
+            host = host_block_tables(picked, block_size, len(picked), width)
+            return host.to(self.device, non_blocking=True)
+
+        decode = extend = None
+        if decodes:
+            picked = [chunks[i] for i in decodes]
+            decode = DecodeRows(
+                block_tables=tables(picked),
+                context_lens=ints([c.context_len for c in picked]),
+                # Every row a decode: the rows are the sequences, in order.
+                rows=None if not extends else ints([query_start[i] for i in decodes], torch.long),
+                num_splits=0,
+            )
+        if extends:
+            picked = [chunks[i] for i in extends]
+            extend = ExtendRows(
+                block_tables=tables(picked),
+                query_start=ints([query_start[i] for i in extends]),
+                query_lens=ints([c.query_len for c in picked]),
+                context_lens=ints([c.context_len for c in picked]),
+                max_query_len=max(c.query_len for c in picked),
+                longest_context=max(c.context_len for c in picked),
+            )
+        return TritonMetadata(ints(slot_mapping, torch.long), decode, extend)
 
     def decode_buffers(self, max_batch: int, max_blocks: int) -> DecodeBuffers:
         return DecodeBuffers(
@@ -122,18 +171,31 @@ class TritonAttention:
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         scales = (cache.k_scale[layer], cache.v_scale[layer]) if cache.format.scaled else None
         store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, scales, cache.format.qmax)
-        if metadata.query_start is None:
-            splits = metadata.num_splits or decode_splits(q.shape[0], k_cache.shape[1])
-            return decode_attention(
-                q, k_cache, v_cache, metadata.block_tables, metadata.context_lens,
+        out = None
+        if (ext := metadata.extend) is not None:
+            block_m = extend_block_m(ext.max_query_len)
+            tiles = -(-ext.max_query_len // block_m) * ext.query_lens.shape[0]
+            keys = ext.longest_context
+            if self.window:
+                keys = min(keys, self.window + ext.max_query_len)
+            out = extend_attention(
+                q, k_cache, v_cache, ext.block_tables, ext.query_start, ext.query_lens,
+                ext.context_lens, ext.max_query_len, cache.block_size, self.window,
+                block_m=block_m, scales=scales,
+                num_splits=extend_splits(tiles * q.shape[1], keys),
+            )  # fmt: skip
+        if (dec := metadata.decode) is not None:
+            rows = q if dec.rows is None else q[dec.rows]
+            splits = dec.num_splits or decode_splits(rows.shape[0], k_cache.shape[1])
+            decoded = decode_attention(
+                rows, k_cache, v_cache, dec.block_tables, dec.context_lens,
                 cache.block_size, splits, self.window, scales=scales,
             )  # fmt: skip
-        assert metadata.query_lens is not None
-        return extend_attention(
-            q, k_cache, v_cache, metadata.block_tables, metadata.query_start,
-            metadata.query_lens, metadata.context_lens, metadata.max_query_len,
-            cache.block_size, self.window, scales=scales,
-        )  # fmt: skip
+            if out is None:
+                return decoded
+            out.index_copy_(0, dec.rows, decoded)
+        assert out is not None
+        return out
 
 
 def host_step_layout(chunks: list[SeqChunk], block_size: int) -> tuple[list[int], list[int]]:

@@ -173,12 +173,12 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_reduce_kernel(
+def _merge_splits_kernel(
     mid_out, mid_lse, out_ptr,
     stride_mb, stride_mh, stride_ms, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):  # fmt: skip
-    """Merge the splits of one (sequence, head) by their log-sum-exps."""
+    """Merge the splits of one (row, head) by their log-sum-exps."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)
@@ -229,12 +229,18 @@ def decode_attention(
         SCALED=scales is not None, num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:
-        _decode_reduce_kernel[(batch, num_heads)](
-            mid_out, mid_lse, out,
-            mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        )  # fmt: skip
+        merge_splits(mid_out, mid_lse, out)
     return out
+
+
+def merge_splits(mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """Write out[row, head] from the partial outputs of its splits, weighted by log-sum-exp."""
+    rows, num_heads, num_splits, head_dim = mid_out.shape
+    _merge_splits_kernel[(rows, num_heads)](
+        mid_out, mid_lse, out,
+        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -289,20 +295,24 @@ def _extend_tile(
 
 @triton.jit
 def _extend_kernel(
-    q_ptr, k_cache, v_cache, k_scale, v_scale, out_ptr, block_tables, query_start, query_lens,
-    context_lens,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_slot, stride_kvh, stride_sslot,
-    stride_bt, qk_scale, window,
+    q_ptr, k_cache, v_cache, k_scale, v_scale, mid_out, mid_lse, block_tables, query_start,
+    query_lens, context_lens, stride_qt, stride_qh, stride_mb, stride_mh, stride_ms,
+    stride_slot, stride_kvh, stride_sslot, stride_bt, qk_scale, window,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SCALED: tl.constexpr,
 ):  # fmt: skip
-    """One (query tile, sequence, head): queries at the end of their context, causal.
+    """One (head and split, query tile, sequence): queries at the end of their context, causal.
 
     Keys every row of the tile may see run unmasked; the diagonal (and any window) masked.
+    With splits, each program attends to one slice of the tile's keys and writes a partial
+    output and its log-sum-exp for merge_splits to combine.
     """
-    tile = tl.program_id(0)
-    seq = tl.program_id(1)
-    h = tl.program_id(2)
+    heads = tl.num_programs(0) // NUM_SPLITS
+    h = tl.program_id(0) % heads
+    split = tl.program_id(0) // heads
+    tile = tl.program_id(1)
+    seq = tl.program_id(2)
     kvh = h // GROUP
     q_len = tl.load(query_lens + seq)
     if tile * BLOCK_M >= q_len:
@@ -323,24 +333,33 @@ def _extend_kernel(
     if window > 0:
         lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
         full_end = lo
+    # This split's keys: a BLOCK_N-aligned slice of [lo, hi).
+    per_split = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = lo + split * per_split
+    hi = tl.minimum(lo + per_split, hi)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for n0 in range(lo, full_end, BLOCK_N):
+    for n0 in range(lo, tl.minimum(full_end, hi), BLOCK_N):
         acc, m_i, l_i = _extend_tile(
             acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, k_scale, v_scale, bt_row, kvh,
             stride_slot, stride_kvh, stride_sslot, qk_scale, window, HEAD_DIM, BLOCK_SIZE,
             BLOCK_N, False, SCALED,
         )  # fmt: skip
-    for n0 in range(full_end, hi, BLOCK_N):
+    for n0 in range(tl.maximum(full_end, lo), hi, BLOCK_N):
         acc, m_i, l_i = _extend_tile(
             acc, m_i, l_i, q, q_pos, n0, hi, k_cache, v_cache, k_scale, v_scale, bt_row, kvh,
             stride_slot, stride_kvh, stride_sslot, qk_scale, window, HEAD_DIM, BLOCK_SIZE,
             BLOCK_N, True, SCALED,
         )  # fmt: skip
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_ptr = out_ptr + rows[:, None] * stride_ot + h * stride_oh + d[None, :]
-    tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None])
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    # One split: mid_out is the output itself (the store casts to its dtype), no merge.
+    mid = rows * stride_mb + h * stride_mh + split * stride_ms
+    tl.store(mid_out + mid[:, None] + d[None, :], out, mask=mmask[:, None])
+    if NUM_SPLITS > 1:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(mid_lse + mid // HEAD_DIM, lse, mask=mmask)
 
 
 def extend_attention(
@@ -361,20 +380,35 @@ def extend_attention(
     num_warps: int = 4,
     num_stages: int = 3,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # of a quantized cache
+    num_splits: int = 1,  # a power of two: slices of each tile's keys, merged after
 ) -> torch.Tensor:
-    """Causal attention of new queries over their paged context (prefill, chunked prefill)."""
-    _, num_heads, head_dim = q.shape
+    """Causal attention of new queries over their paged context (prefill, chunked prefill).
+
+    Rows of q that belong to no sequence in the tables come out undefined.
+    """
+    rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     out = torch.empty_like(q)
-    grid = (triton.cdiv(max_query_len, block_m), query_lens.shape[0], num_heads)
+    if num_splits == 1:
+        mid_out = mid_lse = out.view(rows, num_heads, 1, head_dim)
+    else:
+        mid_out = torch.empty(
+            rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        mid_lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    # Heads vary fastest so a GQA group's programs run together and share keys in L2.
+    grid = (num_heads * num_splits, triton.cdiv(max_query_len, block_m), query_lens.shape[0])
     k_scale, v_scale = scales or (k_cache, v_cache)  # unread when unscaled
     _extend_kernel[grid](
-        q, k_cache, v_cache, k_scale, v_scale, out, block_tables, query_start, query_lens,
-        context_lens, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        q, k_cache, v_cache, k_scale, v_scale, mid_out, mid_lse, block_tables, query_start,
+        query_lens, context_lens, q.stride(0), q.stride(1), mid_out.stride(0),
+        mid_out.stride(1), mid_out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_scale.stride(0), block_tables.stride(0),
         head_dim**-0.5 * LOG2E, window,
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, SCALED=scales is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=num_splits, SCALED=scales is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    if num_splits > 1:
+        merge_splits(mid_out, mid_lse, out)
     return out

@@ -131,11 +131,15 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
     )
 
 
-def run_fairness(model: str, dtype: str, prompt_len: int, compare: bool = True) -> list[dict]:
+def run_fairness(
+    model: str, device: str, dtype: str, prompt_len: int, compare: bool = True
+) -> list[dict]:
     results = []
-    configs = [("kamado (paced)", EngineConfig(model=model, dtype=dtype))]
+    configs = [("kamado (paced)", EngineConfig(model=model, device=device, dtype=dtype))]
     if compare:
-        unpaced = EngineConfig(model=model, dtype=dtype, decode_stall_factor=float("inf"))
+        unpaced = EngineConfig(
+            model=model, device=device, dtype=dtype, decode_stall_factor=float("inf")
+        )
         configs.append(("unpaced chunked prefill", unpaced))
     for label, config in configs:
         # Each step carries at least one prompt token, so the streams grow by at most

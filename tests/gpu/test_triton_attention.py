@@ -24,7 +24,7 @@ pytest.importorskip("triton")
 
 from kamado.attention.backend import SeqChunk  # noqa: E402
 from kamado.attention.torch_backend import TorchAttention  # noqa: E402
-from kamado.attention.triton_backend import TritonAttention  # noqa: E402
+from kamado.attention.triton_backend import TritonAttention, extend_splits  # noqa: E402
 from kamado.config import ModelConfig  # noqa: E402
 from kamado.kv.cache import KVCache  # noqa: E402
 from kamado.kv.quant import kv_format  # noqa: E402
@@ -129,6 +129,19 @@ def test_long_extend_over_32k_prefix():
     check([2048], [34000], 32, 8, block_size=16)
 
 
+def test_short_chunks_beside_decodes_over_long_contexts():
+    # A mixed step: decodes through the decode kernel, short chunks split along their keys.
+    query_lens, context_lens = [1, 17, 1, 1, 40], [100000, 100000, 60000, 3000, 70000]
+    assert extend_splits(2 * 32, max(context_lens)) > 1  # the split path runs
+    check(query_lens, context_lens, 32, 8, block_size=16)
+
+
+def test_split_extend_with_sliding_window():
+    # Most splits of a windowed chunk see no keys at all; their merge weight must be 0.
+    assert extend_splits(2 * 8, 4096 + 40) > 1
+    check([5, 40], [20000, 30000], 8, 2, 16, window=4096)
+
+
 @pytest.mark.parametrize("window", [64, 1000])
 def test_sliding_window(window):
     check([1, 1, 300, 40], [50, 3000, 2000, 40], 8, 2, 16, window=window)
@@ -144,8 +157,9 @@ def test_sliding_window(window):
         ([700, 300, 1, 5, 129], [700, 1500, 2000, 5, 200], 32, 8, 16, 128, None),  # extend
         ([2048], [34000], 32, 8, 32, 128, None),  # long extend
         ([1, 1, 300, 40], [50, 3000, 2000, 40], 8, 2, 16, 128, 64),  # sliding window
+        ([1, 33], [40000, 65000], 32, 8, 16, 128, None),  # a short chunk split along its keys
     ],
-    ids=["decode", "decode-128k", "head-dim-64", "extend", "extend-34k", "window"],
+    ids=["decode", "decode-128k", "head-dim-64", "extend", "extend-34k", "window", "split"],
 )
 def test_quantized_kv_matches_torch(
     kv, query_lens, context_lens, heads, kv_heads, block_size, head_dim, window

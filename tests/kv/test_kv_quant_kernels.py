@@ -56,12 +56,14 @@ def test_the_attention_kernels_compile_for_each_cache_format(kv):
         "GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 64,
         "NUM_SPLITS": 4, "SCALED": kv != "auto",
     })  # fmt: skip
-    extend = {"q_ptr": "*bf16", **common, "out_ptr": "*bf16", "block_tables": "*i32",
-              "query_start": "*i32", "query_lens": "*i32", "context_lens": "*i32"}  # fmt: skip
-    extend |= ints("stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_slot")
-    extend |= ints("stride_kvh", "stride_sslot", "stride_bt") | {"qk_scale": "fp32"}
-    extend |= ints("window")
-    ptx(kernels._extend_kernel, extend, {
-        "GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_M": 128, "BLOCK_N": 64,
-        "SCALED": kv != "auto",
-    })  # fmt: skip
+    extend = {"q_ptr": "*bf16", **common, "mid_out": "*fp32", "mid_lse": "*fp32",
+              "block_tables": "*i32", "query_start": "*i32", "query_lens": "*i32",
+              "context_lens": "*i32"}  # fmt: skip
+    extend |= ints("stride_qt", "stride_qh", "stride_mb", "stride_mh", "stride_ms")
+    extend |= ints("stride_slot", "stride_kvh", "stride_sslot", "stride_bt")
+    extend |= {"qk_scale": "fp32"} | ints("window")
+    for block_m, splits in [(128, 1), (16, 8)]:
+        ptx(kernels._extend_kernel, extend, {
+            "GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_M": block_m, "BLOCK_N": 64,
+            "NUM_SPLITS": splits, "SCALED": kv != "auto",
+        })  # fmt: skip
