@@ -88,11 +88,19 @@ class StepCost:
         self.token_share, self.extra_share = PRIORS["cuda" if device.startswith("cuda") else "cpu"]
         self._plain: deque[tuple[int, float]] = deque(maxlen=COST_WINDOW)
         self._verify: deque[tuple[int, float]] = deque(maxlen=COST_WINDOW)
+        # Refitted once per observed step, not per sequence asking (64 asks a step at batch 64).
+        self._model: CostModel | None = None
 
     def observe(self, num_tokens: int, num_drafted: int, seconds: float) -> None:
         (self._verify if num_drafted else self._plain).append((num_tokens, seconds))
+        self._model = None
 
     def model(self) -> CostModel:
+        if self._model is None:
+            self._model = self._fit()
+        return self._model
+
+    def _fit(self) -> CostModel:
         plain, verify = self._line(self._plain), self._line(self._verify)
         if plain is not None:
             fixed, per_token = plain
