@@ -120,7 +120,7 @@ class ModelRunner:
             )
         if not rows:
             return []
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+        logits = self.model.logits(hidden[self._row_index(rows)])
         if masks is not None:
             masks.apply(logits)  # where the logits are
         if all(plain_greedy(s.params) for s in row_seqs):
@@ -140,6 +140,14 @@ class ModelRunner:
             out.append(verify(seq, draft, tokens[row : row + n], logprobs[row : row + n]))
             row += n
         return out
+
+    def _row_index(self, rows: list[int]) -> slice | torch.Tensor:
+        """Index of the sampled rows in `hidden`, made without waiting for the GPU: the
+        forward may still be running, and the logits, masks and argmax queue behind it."""
+        first = rows[0]
+        if rows == list(range(first, first + len(rows))):  # decodes: every row, in order
+            return slice(first, first + len(rows))
+        return torch.tensor(rows).to(self.device, non_blocking=True)
 
 
 @dataclass
