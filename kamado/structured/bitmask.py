@@ -4,8 +4,7 @@ llguidance writes one row per logits row, 32 tokens to a 32-bit word (bit set: a
 The rows live in one host buffer kept across steps: allocating it each step ran a torch
 fill on every CPU thread at batch 8 and up, and OpenMP's threads then spin for
 milliseconds after it, starving the mask threads (scripts/mask_speed.py shows it). On a
-GPU the buffer is pinned, so its copy is asynchronous, and one kernel unpacks and applies
-the bits there (bitmask_kernel.py).
+GPU the buffer is pinned, so its copy is asynchronous, and the bits are unpacked there.
 """
 
 from __future__ import annotations
@@ -20,9 +19,9 @@ class TokenBitmask:
         self.words = (vocab_size + 31) // 32
         self._device = device
         self._host = torch.empty(0, self.words, dtype=torch.int32)
-        # On CPU, the value of each bit of a word (bit 31 as int32), to unpack with one AND.
+        # The value of each bit of a word (bit 31 as int32), to unpack a row with one AND.
         bit_values = [1 << i for i in range(31)] + [-(1 << 31)]
-        self._bit_values = torch.tensor(bit_values, dtype=torch.int32)
+        self._bit_values = torch.tensor(bit_values, dtype=torch.int32, device=device)
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
     def rows(self, n: int) -> torch.Tensor:
@@ -39,11 +38,7 @@ class TokenBitmask:
         """Set to -inf, in place, every logit whose bit in the first rows is clear."""
         n, vocab = logits.shape
         bits = self._host[:n].to(logits.device, non_blocking=True)
-        if self._copied is None:
-            allowed = (bits.unsqueeze(-1) & self._bit_values).view(n, -1)[:, :vocab]
-            logits.masked_fill_(allowed == 0, float("-inf"))
-            return
-        self._copied.record()
-        from kamado.structured.bitmask_kernel import apply_bitmask
-
-        apply_bitmask(logits, bits)
+        if self._copied is not None:
+            self._copied.record()
+        allowed = (bits.unsqueeze(-1) & self._bit_values).view(n, -1)[:, :vocab]
+        logits.masked_fill_(allowed == 0, float("-inf"))
