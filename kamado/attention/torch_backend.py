@@ -159,7 +159,13 @@ def matmul_attention(
     group = num_heads // num_kv_heads
     grouped = q.view(batch, n_q, num_kv_heads, group, dim).permute(0, 2, 3, 1, 4)
     grouped = grouped.reshape(batch, num_kv_heads, group * n_q, dim)
-    scores = torch.matmul(grouped, keys.permute(0, 2, 3, 1).to(q.dtype)).float() * dim**-0.5
+    keys = keys.to(q.dtype).transpose(1, 2)  # [B, kv_heads, L, dim], a strided view
+    if q.dtype != torch.float32 or batch > 1:
+        # Copied head-major, the keys multiply faster than the strided view in bf16 (one
+        # query over 16k keys: 1.3 ms a layer instead of 2.3 on this 2-core CPU) and in a
+        # batch; a single float32 product reads the view directly and is faster without.
+        keys = keys.contiguous()
+    scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * dim**-0.5
     if mask is not None:
         scores = scores.view(batch, num_kv_heads, group, n_q, -1)
         scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
