@@ -2,11 +2,13 @@
 
 The agent-state workload without HTTP or a tokenizer, so it runs on synthetic weights on a
 GPU machine: N agents share a system prompt; each starts from a long context (files read
-earlier in its session) and then takes turns that append ~`new_tokens` tokens (a tool
-result) after its previous reply and wait for `gen_len` new tokens. Agents take turns
-independently, so a turn usually arrives while the others are decoding. Reported: time
-to first token of the follow-up turns (median, p99, and how many other agents were
-decoding when each arrived), the prefix-cache hit rate, and decode tokens/s.
+earlier in its session), loaded all at once as the agents' cold turns, and then takes
+turns that append ~`new_tokens` tokens (a tool result) after its previous reply and wait
+for a reply of about `gen_len` tokens (half to one and a half times it, so the agents
+drift out of step). Agents take turns independently, so a turn usually arrives while the
+others are decoding. Reported: time to first token of the follow-up turns (median, p99,
+and by how many other agents were decoding when each arrived), the prefix-cache hit rate,
+and decode tokens/s.
 """
 
 from __future__ import annotations
@@ -65,13 +67,13 @@ def run_agents(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Each agent: one cold turn of `context_tokens` (the first half a system prompt all
-    agents share), then `turns` follow-up turns of `new_tokens` each."""
+    agents share), prefilled beside the other agents' cold turns and answered with one
+    token, then `turns` follow-up turns of `new_tokens` each."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     system = _ids(rng, context_tokens // 2, vocab)
     own = context_tokens - len(system)
     crew = [Agent(a, system + _ids(rng, own, vocab), turns + 1) for a in range(agents)]
-    params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
     done: list[Turn] = []
     decoded = 0
     steps: list[tuple[int, int, int, float]] = []  # (decodes, prompt tokens, drafts, s)
@@ -84,11 +86,15 @@ def run_agents(
         agent.others_decoding = sum(
             1 for a in crew if a is not agent and a.request_id and a.first_token is not None
         )
+        reply = rng.randint(max(1, gen_len // 2), max(1, gen_len * 3 // 2)) if agent.turn else 1
+        params = SamplingParams(temperature=0.0, max_tokens=reply, ignore_eos=True)
         engine.add_request(agent.request_id, list(agent.tokens), params, f"agent-{agent.index}")
+        by_id[agent.request_id] = agent
 
+    by_id: dict[str, Agent] = {}
+    waiting: list[Agent] = []  # between turns
     for agent in crew:
         submit(agent)
-    by_id = {a.request_id: a for a in crew}
     while engine.has_work():
         before = engine.stats.steps
         deltas = engine.step()
@@ -98,6 +104,7 @@ def run_agents(
                 (s.last_step_decodes, s.last_step_prefill_tokens, s.last_step_draft_tokens,
                  s.last_step_seconds)
             )  # fmt: skip
+        finished = []
         for delta in deltas:
             agent = by_id[delta.request_id]
             now = time.perf_counter()
@@ -122,16 +129,22 @@ def run_agents(
             agent.tokens += agent.reply + _ids(rng, new_tokens, vocab)
             agent.turn += 1
             agent.request_id = None
-            if agent.turn < agent.turns_left:
+            finished.append(agent)
+        # Once the whole step is counted, so an agent that finished beside it is not
+        # counted as decoding; follow-ups once every agent has its context loaded.
+        waiting += [a for a in finished if a.turn < a.turns_left]
+        if all(a.turn > 0 for a in crew):
+            for agent in waiting:
                 submit(agent)
-                by_id[agent.request_id] = agent
+            waiting.clear()
     wall = time.perf_counter() - started
-    return {**summarize(done, decoded, wall), "steps": steps}
+    return {**summarize(done, decoded, wall, agents), "steps": steps}
 
 
-def summarize(done: list[Turn], decoded: int, wall_s: float) -> dict[str, Any]:
+def summarize(done: list[Turn], decoded: int, wall_s: float, agents: int) -> dict[str, Any]:
     follow = [t for t in done if t.turn > 0]
     beside = [t for t in follow if t.others_decoding > 0]
+    beside_all = [t for t in follow if t.others_decoding == agents - 1]
 
     def ttft(turns: list[Turn]) -> dict[str, float | int | None]:
         return {**median_p99([t.ttft_s for t in turns]), "count": len(turns)}
@@ -147,6 +160,7 @@ def summarize(done: list[Turn], decoded: int, wall_s: float) -> dict[str, Any]:
         ),
         "ttft_follow_ups": ttft(follow),
         "ttft_follow_ups_beside_decoding": ttft(beside),
+        "ttft_follow_ups_beside_all_decoding": ttft(beside_all),
         "max_context": max((t.prompt_tokens for t in done), default=0),
         "decode_tokens_per_s": decoded / wall_s,
         "wall_s": wall_s,
@@ -212,6 +226,7 @@ def run_agents_bench(
 
 def format_run(name: str, r: dict[str, Any], new_tokens: int) -> str:
     f, b = r["ttft_follow_ups"], r["ttft_follow_ups_beside_decoding"]
+    a = r["ttft_follow_ups_beside_all_decoding"]
 
     def sec(x: float | None) -> str:
         return seconds_text(x, 3)
@@ -221,6 +236,7 @@ def format_run(name: str, r: dict[str, Any], new_tokens: int) -> str:
         f"{name}: contexts to {r['max_context']} tokens, +{new_tokens} a turn; "
         f"hit rate {'n/a' if hit is None else f'{100 * hit:.1f}%'} of follow-up prompt tokens; "
         f"follow-up TTFT median {sec(f['median_s'])} p99 {sec(f['p99_s'])}, "
-        f"{b['count']} of {f['count']} beside decoding agents (median {sec(b['median_s'])}); "
+        f"{b['count']} of {f['count']} beside decoding agents (median {sec(b['median_s'])}), "
+        f"{a['count']} beside all the others decoding (median {sec(a['median_s'])}); "
         f"{r['decode_tokens_per_s']:.1f} decode tok/s"
     )
