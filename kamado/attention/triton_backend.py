@@ -21,6 +21,7 @@ from kamado.kv.cache import KVCache
 # two each, at most MAX_SPLITS (one long sequence then still spreads over the GPU).
 TARGET_PROGRAMS = 256
 MAX_SPLITS = 64
+TABLE_WIDTH_MULTIPLE = 16
 # An extend split covers at least this many keys: shorter ones cost more to merge than
 # they save.
 MIN_SPLIT_KEYS = 1024
@@ -109,6 +110,10 @@ class TritonAttention:
 
         def tables(picked: list[SeqChunk]) -> torch.Tensor:
             width = max(-(-c.context_len // block_size) for c in picked)
+            # A multiple of 16: Triton compiles a kernel again for each new divisibility of
+            # an int argument, and the row stride is one (likely the 0.6-2.5 s steps seen in
+            # mixed steps on the H200; not yet rerun there).
+            width = -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
             host = host_block_tables(picked, block_size, len(picked), width)
             return host.to(self.device, non_blocking=True)
 
