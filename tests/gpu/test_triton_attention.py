@@ -136,6 +136,12 @@ def test_short_chunks_beside_decodes_over_long_contexts():
     check(query_lens, context_lens, 32, 8, block_size=16)
 
 
+def test_decodes_and_split_chunks_on_small_shapes():
+    # Decodes, a prompt, and chunks split along their keys, at few heads.
+    assert extend_splits(2 * 4, 4100) > 1
+    check([1, 9, 1, 40], [3000, 4100, 50, 2200], 4, 2, block_size=16)
+
+
 def test_split_extend_with_sliding_window():
     # Most splits of a windowed chunk see no keys at all; their merge weight must be 0.
     assert extend_splits(2 * 8, 4096 + 40) > 1
