@@ -124,8 +124,7 @@ class Scheduler:
                     deferred.add(id(seq))  # admitted once the other one has computed them
                     continue
                 cached = found.num_tokens(self.block_size)
-                short = seq.num_tokens - cached <= self.pacer.SHORT_TURN_TOKENS
-                num_new = min(seq.num_tokens - cached, budget.left(short))
+                num_new = min(seq.num_tokens - cached, budget.left(self._short_turn(seq, cached)))
                 if num_new <= 0:
                     break
                 # Matched blocks nobody reads now count as free until this sequence takes them.
@@ -256,12 +255,17 @@ class Scheduler:
         if self.speculator is not None:
             self.speculator.finish(seq)
 
-    def _short_turn(self, seq: Sequence) -> bool:
+    def _short_turn(self, seq: Sequence, cached: int | None = None) -> bool:
         """An agent's follow-up turn: few new prompt tokens, and few left (a prompt
-        recomputed after preemption is long again)."""
-        new = seq.num_prompt_tokens - (seq.num_cached_tokens or 0)
+        recomputed after preemption is long again). `cached`: the tokens a prefix match
+        found for a sequence not yet admitted."""
+        if cached is None:
+            new = seq.num_prompt_tokens - (seq.num_cached_tokens or 0)
+            left = seq.num_uncomputed
+        else:
+            new = left = seq.num_tokens - cached
         limit = self.pacer.SHORT_TURN_TOKENS
-        return new <= limit and seq.num_uncomputed <= limit
+        return new <= limit and left <= limit
 
 
 def _tokens_left(seq: Sequence) -> int:

@@ -30,7 +30,9 @@ class BlockPool:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        self._free = set(range(num_blocks))
+        # Free blocks as a mask: runs of free blocks are found without sorting them.
+        self._is_free = np.ones(num_blocks, dtype=bool)
+        self._num_free_blocks = num_blocks
         self.evictable = EvictionOrder()
         self.key_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
@@ -41,7 +43,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that can be handed out: free ones, and cached ones nobody reads."""
-        return len(self._free) + len(self.evictable)
+        return self._num_free_blocks + len(self.evictable)
 
     @property
     def num_used(self) -> int:
@@ -54,9 +56,11 @@ class BlockPool:
     def allocate(self, after: int | None = None) -> int:
         """Take a free block: `after + 1` when free, else the middle of the largest gap;
         with no free block left, the first cached block in eviction order."""
-        if self._free:
-            block = after + 1 if after is not None and after + 1 in self._free else self._runway()
-            self._free.remove(block)
+        if self._num_free_blocks:
+            nxt = -1 if after is None else after + 1
+            block = nxt if 0 <= nxt < self.num_blocks and self._is_free[nxt] else self._runway()
+            self._is_free[block] = False
+            self._num_free_blocks -= 1
         elif self.evictable:
             block = self._evict()
         else:
@@ -83,13 +87,10 @@ class BlockPool:
     def _runway(self) -> int:
         # Paid only when a sequence starts or collides with a neighbour; vectorized, since
         # a large KV budget has hundreds of thousands of blocks.
-        free = np.fromiter(self._free, dtype=np.int64, count=len(self._free))
-        free.sort()
-        breaks = np.flatnonzero(np.diff(free) != 1)  # a run ends at each break
-        starts = np.concatenate(([0], breaks + 1))
-        ends = np.concatenate((breaks + 1, [len(free)]))
+        edges = np.diff(self._is_free.view(np.int8), prepend=0, append=0)
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
         longest = int(np.argmax(ends - starts))  # the first of the longest runs
-        best_start, best_len = int(free[starts[longest]]), int(ends[longest] - starts[longest])
+        best_start, best_len = int(starts[longest]), int(ends[longest] - starts[longest])
         # A gap at the very start has no sequence before it that might want to grow.
         return 0 if best_start == 0 else best_start + best_len // 2
 
@@ -116,7 +117,8 @@ class BlockPool:
             if block in self.key_of:
                 self.evictable.add(block, session, depth)
             else:
-                self._free.add(block)
+                self._is_free[block] = True
+                self._num_free_blocks += 1
 
     # ---- the prefix cache: blocks by content key ----------------------------------------
 
