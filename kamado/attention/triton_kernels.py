@@ -163,13 +163,24 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out_off = b * stride_mb + heads * stride_mh + split * stride_ms
+    _store_partial(mid_out, mid_lse, out_off, acc, m_i, l_i, gmask, HEAD_DIM, NUM_SPLITS)
+
+
+@triton.jit
+def _store_partial(
+    mid_out, mid_lse, off, acc, m_i, l_i, row_mask,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):  # fmt: skip
+    """A split's normalized output rows at `off` in mid_out, and their log-sum-exps (base 2)
+    at off / HEAD_DIM in mid_lse. One split: mid_out is the output itself (the store casts
+    to its dtype), and no merge follows."""
+    d = tl.arange(0, HEAD_DIM)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    # One split: mid_out is the output itself (the store casts to its dtype), no reduce.
-    tl.store(mid_out + out_off[:, None] + d[None, :], out, mask=gmask[:, None])
+    tl.store(mid_out + off[:, None] + d[None, :], out, mask=row_mask[:, None])
     if NUM_SPLITS > 1:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(mid_lse + (out_off // HEAD_DIM), lse, mask=gmask)
+        tl.store(mid_lse + off // HEAD_DIM, lse, mask=row_mask)
 
 
 @triton.jit
@@ -210,14 +221,7 @@ def decode_attention(
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
     out = torch.empty(batch, num_heads, head_dim, dtype=q.dtype, device=q.device)
-    if num_splits == 1:
-        mid_out = mid_lse = out.view(batch, num_heads, 1, head_dim)
-    else:
-        # head_dim floats per split, and one lse each at the same flat index / head_dim.
-        mid_out = torch.empty(
-            batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
-        )
-        mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    mid_out, mid_lse = split_buffers(out, num_splits)
     k_scale, v_scale = scales or (k_cache, v_cache)  # unread when unscaled
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
@@ -231,6 +235,21 @@ def decode_attention(
     if num_splits > 1:
         merge_splits(mid_out, mid_lse, out)
     return out
+
+
+def split_buffers(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the kernels write each split's partial output and log-sum-exp for `out`
+    ([rows, heads, head_dim]); with one split, `out` itself (no merge follows)."""
+    rows, num_heads, head_dim = out.shape
+    if num_splits == 1:
+        mid = out.view(rows, num_heads, 1, head_dim)
+        return mid, mid
+    # head_dim floats per split, and one lse each at the same flat index / head_dim.
+    mid_out = torch.empty(
+        rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=out.device
+    )
+    mid_lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=out.device)
+    return mid_out, mid_lse
 
 
 def merge_splits(mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor) -> None:
@@ -352,14 +371,8 @@ def _extend_kernel(
             stride_slot, stride_kvh, stride_sslot, qk_scale, window, HEAD_DIM, BLOCK_SIZE,
             BLOCK_N, True, SCALED,
         )  # fmt: skip
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    # One split: mid_out is the output itself (the store casts to its dtype), no merge.
     mid = rows * stride_mb + h * stride_mh + split * stride_ms
-    tl.store(mid_out + mid[:, None] + d[None, :], out, mask=mmask[:, None])
-    if NUM_SPLITS > 1:
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(mid_lse + mid // HEAD_DIM, lse, mask=mmask)
+    _store_partial(mid_out, mid_lse, mid, acc, m_i, l_i, mmask, HEAD_DIM, NUM_SPLITS)
 
 
 def extend_attention(
@@ -389,13 +402,7 @@ def extend_attention(
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     out = torch.empty_like(q)
-    if num_splits == 1:
-        mid_out = mid_lse = out.view(rows, num_heads, 1, head_dim)
-    else:
-        mid_out = torch.empty(
-            rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
-        )
-        mid_lse = torch.empty(rows, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    mid_out, mid_lse = split_buffers(out, num_splits)
     # Heads vary fastest so a GQA group's programs run together and share keys in L2.
     grid = (num_heads * num_splits, triton.cdiv(max_query_len, block_m), query_lens.shape[0])
     k_scale, v_scale = scales or (k_cache, v_cache)  # unread when unscaled
