@@ -13,6 +13,7 @@ of the largest free gap, leaving the sequence before the gap room to grow too.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -36,8 +37,7 @@ class BlockPool:
         self.evictable = EvictionOrder()
         self.key_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
-        # Called with (block, key) just before a cached block is overwritten.
-        self.on_evict: Callable[[int, bytes], None] | None = None
+        self._on_evict: weakref.WeakMethod | None = None
         self.num_evictions = 0
 
     @property
@@ -99,9 +99,16 @@ class BlockPool:
         key = self.key_of.pop(block)
         del self._block_of[key]
         self.num_evictions += 1
-        if self.on_evict is not None:
-            self.on_evict(block, key)
+        listener = self._on_evict() if self._on_evict is not None else None
+        if listener is not None:
+            listener(block, key)
         return block
+
+    def notify_evictions(self, method: Callable[[int, bytes], None]) -> None:
+        """Call `method(block, key)` just before a cached block is overwritten. Held weakly:
+        its owner (the prefix cache) holds this pool, and the engine's objects must be freed
+        by reference counts alone, since the engine freezes the garbage collector."""
+        self._on_evict = weakref.WeakMethod(method)
 
     def share(self, block: int) -> None:
         """Another sequence now reads this block too."""

@@ -86,7 +86,7 @@ class PrefixCache:
         # Full prompt blocks that running sequences have yet to compute, by key.
         self._in_flight: dict[bytes, Sequence] = {}
         self.block_tokens = BlockTokens(block_size)
-        pool.on_evict = self._evicted
+        pool.notify_evictions(self._evicted)
 
     def match(self, seq: Sequence) -> PrefixMatch:
         """The cached leading blocks of `seq` (nothing is taken yet)."""

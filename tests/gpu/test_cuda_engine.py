@@ -3,6 +3,8 @@ Triton backend, CUDA graphs and fused kernels against the torch backend and plai
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -88,3 +90,21 @@ def test_quantized_kv_through_triton_and_graphs_follows_the_torch_backend(kv):
     reference = generate("torch", graphs=False, logprobs=5, fused=False, kv=kv)
     tie = FP8_TIE if kv == "fp8" else BF16_TIE
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=True, kv=kv), tie)
+
+
+def test_a_dropped_engine_frees_its_device_and_pinned_memory():
+    """Graphs, Triton backend and the pinned host tier included: nothing may keep a dropped
+    engine alive (the engine freezes the collector, so a cycle would hold it for good)."""
+    engine = EngineCore(
+        EngineConfig(
+            model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
+            kv_cache_bytes=1 << 30, max_num_seqs=8, kv_host_bytes=1 << 30,
+        )
+    )  # fmt: skip
+    engine.add_request("a", list(range(100, 400)), SamplingParams(temperature=0.0, max_tokens=8))
+    while engine.has_work():
+        engine.step()
+    assert engine.host is not None
+    cache, host = weakref.ref(engine.runner.cache), weakref.ref(engine.host)
+    del engine
+    assert cache() is None and host() is None
