@@ -153,7 +153,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="cost of verifying k draft tokens beside a plain decode step (GPU, or tiny on CPU)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="--spec: runs of each task and mode")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="--spec, --structured: runs of each task and mode"
+    )
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

@@ -42,7 +42,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from kamado.bench.structured import run_structured
 
         model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
-        results = run_structured(model, args.dtype, args.gen_len or 64, args.tokenizer)
+        results = run_structured(
+            model, args.dtype, args.gen_len or 64, args.tokenizer, repeats=args.repeats
+        )
         write_results(args.out, "structured", results)
         return 0
     if args.agents:
