@@ -6,7 +6,8 @@ and what a chunk adds to it. That extra time is modelled as a fixed part (a chun
 every matmul taller and adds its own attention calls, whatever its size) plus a part per
 token (which grows with the context the chunk attends to), fitted over recent steps. The
 next chunk is sized so the fitted cost plus the fit's typical error stays in the slack;
-when the fixed part alone overruns it, the chunk gets the slack on top of the fixed part.
+when the fixed part takes more than half of it, the chunk's tokens may take as long as the
+fixed part (at most the slack), since the streams wait for the fixed part anyway.
 Where the mixed steps cannot tell the two parts apart (every chunk the same size, as when
 one-token chunks already overran the slack), the cost per token of recent prefill-only
 steps stands in for the slope.
@@ -57,29 +58,36 @@ class PrefillPacer:
             return self.MIN_CHUNK
         fixed, per_token, error = self.cost_model()
         slack = (factor - 1.0) * self.decode_step_s
-        # Where any chunk at all costs more than the slack (a mixed step runs eagerly beside
-        # decodes replayed from CUDA graphs), a one-token chunk stalls the streams about as
-        # long as a chunk worth the slack: take the slack's worth, so prefill still moves.
-        usable = slack - fixed - error if fixed + error < slack else slack
+        # Where a chunk's fixed part takes most of the slack or more (a mixed step runs
+        # eagerly beside decodes replayed from CUDA graphs), a one-token chunk stalls the
+        # streams about as long as a larger one: its tokens may take as long as the fixed
+        # part, up to the slack, so prefill still moves. (Tokens got only what the slack left
+        # before: with the fixed part just under it, follow-ups crawled at a token a step.)
+        overhead = fixed + error
+        usable = max(slack - overhead, min(overhead, slack))
         fits = int(usable / per_token)
         largest = max(tokens for tokens, _ in self._mixed)
         return max(self.MIN_CHUNK, min(self.max_tokens, fits, self.MAX_GROWTH * largest))
 
     def cost_model(self) -> tuple[float, float, float]:
         """(fixed s, s per token, typical error s) of the time a chunk adds to a step."""
-        tokens = [t for t, _ in self._mixed]
-        extra = [e for _, e in self._mixed]
-        mean_t, mean_e = statistics.fmean(tokens), statistics.fmean(extra)
-        spread = sum((t - mean_t) ** 2 for t in tokens)
+        # A one-token chunk beside decodes is one more decode row (on a GPU, replayed in the
+        # decode graph: 21.5 ms beside two decodes at 100k, against 28.9 ms for two tokens),
+        # so it is off the line of longer chunks: fitted only while nothing longer was seen.
+        points = [(t, e) for t, e in self._mixed if t > 1] or list(self._mixed)
+        mean_t = statistics.fmean(t for t, _ in points)
+        mean_e = statistics.fmean(e for _, e in points)
+        spread = sum((t - mean_t) ** 2 for t, _ in points)
         fixed, per_token = 0.0, mean_e / mean_t  # the average, unless a slope shows
-        slope = sum((t - mean_t) * (e - mean_e) for t, e in self._mixed) / spread if spread else 0.0
-        if slope > 0 and mean_e - slope * mean_t >= 0:
-            fixed, per_token = mean_e - slope * mean_t, slope
+        slope = sum((t - mean_t) * (e - mean_e) for t, e in points) / spread if spread else 0.0
+        intercept = mean_e - slope * mean_t
+        if slope > 0 and intercept >= 0 and _stands_out(points, slope, intercept, spread):
+            fixed, per_token = intercept, slope
         elif self.prefill_token_s is not None and self.prefill_token_s < per_token:
             # The sizes seen cannot separate the parts: take the slope prefill alone shows.
             fixed, per_token = mean_e - self.prefill_token_s * mean_t, self.prefill_token_s
         per_token = max(per_token, 1e-6)
-        residuals = [e - fixed - per_token * t for t, e in self._mixed]
+        residuals = [e - fixed - per_token * t for t, e in points]
         error = statistics.pstdev(residuals) if len(residuals) > 1 else 0.0
         return fixed, per_token, error
 
@@ -98,3 +106,15 @@ class PrefillPacer:
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.EMA) * old + self.EMA * new
+
+
+def _stands_out(
+    points: list[tuple[int, float]], slope: float, intercept: float, spread: float
+) -> bool:
+    """Whether a fitted slope is more than twice its standard error. Chunks of nearly one
+    size fit a slope that is mostly step-time noise, and a slope too steep holds chunks at
+    one token for as long as it stays in the window."""
+    if len(points) < 3:
+        return False
+    squares = sum((e - intercept - slope * t) ** 2 for t, e in points)
+    return slope > 2 * math.sqrt(squares / (len(points) - 2) / spread)

@@ -106,3 +106,34 @@ def test_a_short_turn_may_stretch_the_step_further_than_a_long_prompt():
         pacer.observe(3, tokens, 0.040 + 0.001 + 0.00025 * tokens)
     assert pacer.prefill_limit(3) == 36  # (10 ms slack - 1 ms) / 0.25 ms
     assert pacer.prefill_limit(3, short_turn=True) == 64  # 39 ms would fit; twice 32 seen
+
+
+def test_one_token_chunks_are_off_the_line_of_longer_ones():
+    # As on the H200 beside two decodes at 100k: a one-token chunk replays in the decode
+    # graph (7.1 ms more than the decodes alone); from two tokens a step runs eagerly
+    # (14.5 ms more) and each token adds little.
+    pacer = PrefillPacer(1.25, 2048, short_factor=2.0)
+    pacer.observe(0, 2048, 0.256)  # prefill alone: 0.125 ms a token
+    pacer.observe(2, 0, 0.0144)
+    for _ in range(20):
+        pacer.observe(2, 1, 0.0215)
+    pacer.observe(2, 2, 0.0289)
+    # A line through one and two tokens charges 7.4 ms a token: chunks stayed at one token.
+    # Off that line, the fixed part (14.25 ms) is nearly all of the 14.4 ms slack, so the
+    # tokens get as long again: the chunk grows, capped at twice the largest seen.
+    assert pacer.prefill_limit(2, short_turn=True) == 4
+    for tokens in (4, 8, 16, 32, 64):
+        pacer.observe(2, tokens, 0.0144 + 0.0145 + 0.0001 * tokens)
+    assert pacer.prefill_limit(2, short_turn=True) == 128
+
+
+def test_a_slope_that_does_not_stand_out_from_the_noise_is_not_trusted():
+    pacer = PrefillPacer(1.5, 2048)
+    pacer.observe(0, 2048, 0.256)  # prefill alone: 0.125 ms a token
+    pacer.observe(3, 0, 0.040)
+    # Chunks of two and three tokens, 10 ms more whatever the size, give or take 2 ms: the
+    # three-token steps happened to run slower on average.
+    for tokens, extra in [(2, 0.008), (3, 0.012), (2, 0.011), (3, 0.009), (2, 0.009)]:
+        pacer.observe(3, tokens, 0.040 + extra)
+    fixed, per_token, _ = pacer.cost_model()
+    assert per_token == pytest.approx(0.000125)  # the prefill-alone slope, not the fit's 1.2 ms
