@@ -14,13 +14,17 @@ import torch
 import triton
 
 from kamado.attention.backend import SeqChunk
-from kamado.attention.triton_kernels import decode_attention, extend_attention, store_kv
+from kamado.attention.triton_kernels import (
+    MAX_SPLITS,
+    decode_attention,
+    extend_attention,
+    store_kv,
+)
 from kamado.kv.cache import KVCache
 
 # Attention splits each context so that about this many programs run per step; a power of
 # two each, at most MAX_SPLITS (one long sequence then still spreads over the GPU).
 TARGET_PROGRAMS = 256
-MAX_SPLITS = 64
 TABLE_WIDTH_MULTIPLE = 16
 # An extend split covers at least this many keys: shorter ones cost more to merge than
 # they save.
@@ -43,9 +47,12 @@ def _splits(programs: int, most: int) -> int:
     return splits
 
 
+EXTEND_TILES = (16, 32, 64, 128)  # query rows per extend tile; each its own compiled kernel
+
+
 def extend_block_m(max_query_len: int) -> int:
     """Query rows per tile: a short chunk gets a small tile rather than a mostly empty one."""
-    return min(128, max(16, triton.next_power_of_2(max_query_len)))
+    return min(EXTEND_TILES[-1], max(EXTEND_TILES[0], triton.next_power_of_2(max_query_len)))
 
 
 @dataclass
@@ -99,6 +106,38 @@ class TritonAttention:
     def __init__(self, device: torch.device, sliding_window: int | None = None) -> None:
         self.device = device
         self.window = sliding_window or 0
+
+    @torch.inference_mode()
+    def compile_kernels(self, cache: KVCache, num_heads: int, dtype: torch.dtype) -> None:
+        """Compile now every kernel variant a step can need: the extend kernel for each tile
+        size and the decode kernel, each with and without splits, and the K/V store.
+        Compiled on first use instead, each stalled a step for 0.6-2.5 s on the H200. They
+        run on a dummy sequence that writes nothing and reads block 0."""
+        k_cache, v_cache = cache.k[0], cache.v[0]
+        scales = (cache.k_scale[0], cache.v_scale[0]) if cache.format.scaled else None
+        num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+
+        def ints(value: int) -> torch.Tensor:
+            return torch.tensor([value], dtype=torch.int32, device=self.device)
+
+        table = torch.zeros(1, TABLE_WIDTH_MULTIPLE, dtype=torch.int32, device=self.device)
+        kv = torch.zeros(1, num_kv_heads, head_dim, dtype=dtype, device=self.device)
+        nowhere = torch.full((1,), -1, dtype=torch.long, device=self.device)
+        store_kv(kv, kv, k_cache, v_cache, nowhere, scales, cache.format.qmax)
+        for splits in (1, 2):
+            q = torch.zeros(1, num_heads, head_dim, dtype=dtype, device=self.device)
+            decode_attention(
+                q, k_cache, v_cache, table, ints(1), cache.block_size, splits, self.window,
+                scales=scales,
+            )  # fmt: skip
+            for block_m in EXTEND_TILES:
+                q = torch.zeros(block_m, num_heads, head_dim, dtype=dtype, device=self.device)
+                extend_attention(
+                    q, k_cache, v_cache, table, ints(0), ints(block_m), ints(block_m),
+                    block_m, cache.block_size, self.window, block_m=block_m, scales=scales,
+                    num_splits=splits,
+                )  # fmt: skip
+        torch.cuda.synchronize(self.device)
 
     def build_metadata(self, chunks: list[SeqChunk], block_size: int) -> TritonMetadata:
         slot_mapping, query_start = host_step_layout(chunks, block_size)

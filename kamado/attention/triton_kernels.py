@@ -18,6 +18,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 LOG2E = 1.4426950408889634
+# Most slices one context's keys are split into. The split count is a plain argument, not a
+# compile-time constant, so a new count needs no new compile mid-run (each took 0.6-2.5 s).
+MAX_SPLITS = 64
 MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # as kv/quant.py: smallest normal float32
 
 
@@ -110,14 +113,14 @@ def store_kv(
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
     stride_qt, stride_qh, stride_slot, stride_kvh, stride_sslot, stride_bt,
     stride_mb, stride_mh, stride_ms,
-    qk_scale, window,
+    qk_scale, window, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     SCALED: tl.constexpr,
 ):  # fmt: skip
     """One (sequence, kv head, split): the group's queries against a slice of the context."""
@@ -128,7 +131,7 @@ def _decode_split_kernel(
     start = 0
     if window > 0:
         start = tl.maximum(ctx - window, 0)
-    per_split = tl.cdiv(tl.cdiv(ctx - start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_N) * BLOCK_N
     lo = start + split * per_split
     hi = tl.minimum(lo + per_split, ctx)
 
@@ -163,42 +166,43 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out_off = b * stride_mb + heads * stride_mh + split * stride_ms
-    _store_partial(mid_out, mid_lse, out_off, acc, m_i, l_i, gmask, HEAD_DIM, NUM_SPLITS)
+    _store_partial(mid_out, mid_lse, out_off, acc, m_i, l_i, gmask, HEAD_DIM, SPLIT)
 
 
 @triton.jit
 def _store_partial(
     mid_out, mid_lse, off, acc, m_i, l_i, row_mask,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     """A split's normalized output rows at `off` in mid_out, and their log-sum-exps (base 2)
-    at off / HEAD_DIM in mid_lse. One split: mid_out is the output itself (the store casts
-    to its dtype), and no merge follows."""
+    at off / HEAD_DIM in mid_lse. Not SPLIT (one split): mid_out is the output itself (the
+    store casts to its dtype), and no merge follows."""
     d = tl.arange(0, HEAD_DIM)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     tl.store(mid_out + off[:, None] + d[None, :], out, mask=row_mask[:, None])
-    if NUM_SPLITS > 1:
+    if SPLIT:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(mid_lse + off // HEAD_DIM, lse, mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(
     mid_out, mid_lse, out_ptr,
-    stride_mb, stride_mh, stride_ms, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    stride_mb, stride_mh, stride_ms, stride_ot, stride_oh, num_splits,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):  # fmt: skip
     """Merge the splits of one (row, head) by their log-sum-exps."""
     b = tl.program_id(0)
     h = tl.program_id(1)
-    s = tl.arange(0, NUM_SPLITS)
+    s = tl.arange(0, SPLITS_PAD)
+    smask = s < num_splits
     d = tl.arange(0, HEAD_DIM)
     base = b * stride_mb + h * stride_mh + s * stride_ms
-    lse = tl.load(mid_lse + base // HEAD_DIM)
+    lse = tl.load(mid_lse + base // HEAD_DIM, mask=smask, other=float("-inf"))
     m = tl.max(lse, 0)
     w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(m > float("-inf"), m, 0.0)), 0.0)
-    parts = tl.load(mid_out + base[:, None] + d[None, :])
+    parts = tl.load(mid_out + base[:, None] + d[None, :], mask=smask[:, None], other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
@@ -211,7 +215,7 @@ def decode_attention(
     block_tables: torch.Tensor,  # [B, max_blocks] int32
     context_lens: torch.Tensor,  # [B] int32; 0 for a padding row (output 0)
     block_size: int,
-    num_splits: int,  # a power of two; fixed per captured batch size
+    num_splits: int,  # at most MAX_SPLITS; fixed per captured batch size
     window: int = 0,
     block_n: int = 64,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # of a quantized cache
@@ -227,9 +231,9 @@ def decode_attention(
         q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_scale.stride(0),
         block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        head_dim**-0.5 * LOG2E, window,
+        head_dim**-0.5 * LOG2E, window, num_splits,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
         SCALED=scales is not None, num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:
@@ -258,7 +262,7 @@ def merge_splits(mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor
     _merge_splits_kernel[(rows, num_heads)](
         mid_out, mid_lse, out,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        num_splits, HEAD_DIM=head_dim, SPLITS_PAD=MAX_SPLITS,
     )  # fmt: skip
 
 
@@ -312,13 +316,14 @@ def _extend_tile(
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _extend_kernel(
     q_ptr, k_cache, v_cache, k_scale, v_scale, mid_out, mid_lse, block_tables, query_start,
     query_lens, context_lens, stride_qt, stride_qh, stride_mb, stride_mh, stride_ms,
     stride_slot, stride_kvh, stride_sslot, stride_bt, qk_scale, window,
+    num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     SCALED: tl.constexpr,
 ):  # fmt: skip
     """One (head and split, query tile, sequence): queries at the end of their context, causal.
@@ -327,7 +332,7 @@ def _extend_kernel(
     With splits, each program attends to one slice of the tile's keys and writes a partial
     output and its log-sum-exp for merge_splits to combine.
     """
-    heads = tl.num_programs(0) // NUM_SPLITS
+    heads = tl.num_programs(0) // num_splits
     h = tl.program_id(0) % heads
     split = tl.program_id(0) // heads
     tile = tl.program_id(1)
@@ -353,7 +358,7 @@ def _extend_kernel(
         lo = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
         full_end = lo
     # This split's keys: a BLOCK_N-aligned slice of [lo, hi).
-    per_split = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
     lo = lo + split * per_split
     hi = tl.minimum(lo + per_split, hi)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -372,7 +377,7 @@ def _extend_kernel(
             BLOCK_N, True, SCALED,
         )  # fmt: skip
     mid = rows * stride_mb + h * stride_mh + split * stride_ms
-    _store_partial(mid_out, mid_lse, mid, acc, m_i, l_i, mmask, HEAD_DIM, NUM_SPLITS)
+    _store_partial(mid_out, mid_lse, mid, acc, m_i, l_i, mmask, HEAD_DIM, SPLIT)
 
 
 def extend_attention(
@@ -393,7 +398,7 @@ def extend_attention(
     num_warps: int = 4,
     num_stages: int = 3,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # of a quantized cache
-    num_splits: int = 1,  # a power of two: slices of each tile's keys, merged after
+    num_splits: int = 1,  # at most MAX_SPLITS: slices of each tile's keys, merged after
 ) -> torch.Tensor:
     """Causal attention of new queries over their paged context (prefill, chunked prefill).
 
@@ -411,9 +416,9 @@ def extend_attention(
         query_lens, context_lens, q.stride(0), q.stride(1), mid_out.stride(0),
         mid_out.stride(1), mid_out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_scale.stride(0), block_tables.stride(0),
-        head_dim**-0.5 * LOG2E, window,
+        head_dim**-0.5 * LOG2E, window, num_splits,
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=num_splits, SCALED=scales is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=num_splits > 1, SCALED=scales is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:

@@ -52,8 +52,16 @@ class ModelRunner:
             self.forward = FusedForward(self.model)
         self.sampler = Sampler(engine_config.seed)
         self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda":
+            self._compile_attention_kernels(model_config, dtype)
         if engine_config.cuda_graphs and self.device.type == "cuda":
             self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)
+
+    def _compile_attention_kernels(self, model_config: ModelConfig, dtype: torch.dtype) -> None:
+        from kamado.attention.triton_backend import TritonAttention
+
+        if isinstance(self.backend, TritonAttention):
+            self.backend.compile_kernels(self.cache, model_config.num_heads, dtype)
 
     def _capture_decode_graphs(
         self, engine_config: EngineConfig, model_config: ModelConfig, num_blocks: int

@@ -108,3 +108,36 @@ def test_a_dropped_engine_frees_its_device_and_pinned_memory():
     cache, host = weakref.ref(engine.runner.cache), weakref.ref(engine.host)
     del engine
     assert cache() is None and host() is None
+
+
+def compiled_attention_kernels() -> int:
+    from kamado.attention import triton_kernels as kernels
+
+    fns = (kernels._extend_kernel, kernels._decode_split_kernel, kernels._merge_splits_kernel)
+    return sum(len(cache[0]) for fn in fns for cache in fn.device_caches.values())
+
+
+def test_no_attention_kernel_compiles_after_the_engine_starts():
+    """Short chunks over long contexts beside decodes, long chunks, every tile size and
+    split count: all compiled at start, none mid-run (each compile stalled a step 0.6-2.5 s)."""
+    engine = EngineCore(
+        EngineConfig(
+            model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
+            kv_cache_bytes=1 << 30, max_num_seqs=8, max_num_batched_tokens=512,
+            speculation="off",
+        )
+    )  # fmt: skip
+    compiled = compiled_attention_kernels()
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    long = [(j * 104729) % 30000 + 100 for j in range(3000)]
+    engine.add_request("long", long, params)
+    engine.add_request("short", long[:5], params)
+    for _ in range(12):  # the long prompt in chunks beside the short one decoding
+        engine.step()
+    # A follow-up turn (a few tokens past a cached prefix) and prompts of every tile size.
+    engine.add_request("follow-up", long[:2048] + [7] * 9, params)
+    for n in (20, 40, 70, 300):
+        engine.add_request(f"p{n}", long[-n:], params)
+    while engine.has_work():
+        engine.step()
+    assert compiled_attention_kernels() == compiled

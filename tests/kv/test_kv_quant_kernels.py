@@ -51,19 +51,27 @@ def test_the_attention_kernels_compile_for_each_cache_format(kv):
               "mid_out": "*fp32", "mid_lse": "*fp32"}  # fmt: skip
     decode |= ints("stride_qt", "stride_qh", "stride_slot", "stride_kvh", "stride_sslot")
     decode |= ints("stride_bt", "stride_mb", "stride_mh", "stride_ms") | {"qk_scale": "fp32"}
-    decode |= ints("window")
-    ptx(kernels._decode_split_kernel, decode, {
-        "GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 64,
-        "NUM_SPLITS": 4, "SCALED": kv != "auto",
-    })  # fmt: skip
+    decode |= ints("window", "num_splits")
+    for split in (False, True):
+        ptx(kernels._decode_split_kernel, decode, {
+            "GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 64,
+            "SPLIT": split, "SCALED": kv != "auto",
+        })  # fmt: skip
     extend = {"q_ptr": "*bf16", **common, "mid_out": "*fp32", "mid_lse": "*fp32",
               "block_tables": "*i32", "query_start": "*i32", "query_lens": "*i32",
               "context_lens": "*i32"}  # fmt: skip
     extend |= ints("stride_qt", "stride_qh", "stride_mb", "stride_mh", "stride_ms")
     extend |= ints("stride_slot", "stride_kvh", "stride_sslot", "stride_bt")
-    extend |= {"qk_scale": "fp32"} | ints("window")
-    for block_m, splits in [(128, 1), (16, 8)]:
+    extend |= {"qk_scale": "fp32"} | ints("window", "num_splits")
+    for block_m, split in [(128, False), (16, True)]:
         ptx(kernels._extend_kernel, extend, {
             "GROUP": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_M": block_m, "BLOCK_N": 64,
-            "NUM_SPLITS": splits, "SCALED": kv != "auto",
+            "SPLIT": split, "SCALED": kv != "auto",
         })  # fmt: skip
+
+
+def test_the_merge_kernel_compiles_for_any_split_count():
+    signature = {"mid_out": "*fp32", "mid_lse": "*fp32", "out_ptr": "*bf16"}
+    signature |= ints("stride_mb", "stride_mh", "stride_ms", "stride_ot", "stride_oh", "num_splits")
+    code = ptx(kernels._merge_splits_kernel, signature, {"HEAD_DIM": 128, "SPLITS_PAD": 64})
+    assert ".entry" in code
