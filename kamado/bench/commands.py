@@ -72,10 +72,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        results = run_kv_cache_bench(
-            model, device, args.dtype, int(args.kv_cache_gb * (1 << 30)), args.batch,
-            args.prompt_len or 2048, args.gen_len or 32,
-        )  # fmt: skip
+        try:
+            results = run_kv_cache_bench(
+                model, device, args.dtype, int(args.kv_cache_gb * (1 << 30)), args.batch,
+                args.prompt_len or 2048, args.gen_len or 32,
+            )  # fmt: skip
+        except ValueError as e:  # the budget cannot hold the batch
+            print(f"kamado bench: {e}", file=sys.stderr)
+            return 2
         write_results(args.out, "kv-cache", results)
         return 0
     if args.gpu and args.surgery:
