@@ -23,12 +23,17 @@ from kamado.engine.sampling_params import SamplingParams
 STREAMS = 3
 STREAM_PROMPT = 64
 ALONE_STEPS = 100  # steps of the streams alone, before and after the long prompt
+WORST_GAPS = 10  # the slowest gaps beside the prompt kept in the results, with their steps
 
 
 @dataclass
 class Gap:
     seconds: float
     context: int  # the stream's length in tokens when its token arrived
+    # The step that ended the gap: its forward pass (the rest of the gap is scheduling,
+    # output handling, the benchmark's loop and the OS) and the prompt tokens it carried.
+    step_seconds: float
+    prefill_tokens: int
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Fairness:
     median_ratio: float
     num_gaps: int
     prefill_seconds: float
+    worst_gaps: list[dict]  # the slowest gaps beside the prompt, with their steps
 
 
 class Streams:
@@ -68,11 +74,15 @@ class Streams:
         """One engine step; returns the ids of the requests that got a token."""
         deltas = self.engine.step()
         now = time.perf_counter()
+        stats = self.engine.stats
         for d in deltas:
             if d.request_id in self.length:
                 self.length[d.request_id] += 1
                 if d.request_id in self.last:
-                    self.gaps.append(Gap(now - self.last[d.request_id], self.length[d.request_id]))
+                    self.gaps.append(
+                        Gap(now - self.last[d.request_id], self.length[d.request_id],
+                            stats.last_step_seconds, stats.last_step_prefill_tokens)
+                    )  # fmt: skip
                 self.last[d.request_id] = now
         return {d.request_id for d in deltas}
 
@@ -113,6 +123,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         return gap.seconds / normal
 
     ratios = sorted(ratio(g) for g in beside)
+    worst = sorted(beside, key=ratio)[-WORST_GAPS:][::-1]
     return Fairness(
         scheduler=label,
         model=model,
@@ -128,6 +139,16 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         median_ratio=statistics.median(ratios),
         num_gaps=len(ratios),
         prefill_seconds=prefill_seconds,
+        worst_gaps=[
+            dict(
+                ratio=ratio(g),
+                gap_ms=g.seconds * 1e3,
+                step_ms=g.step_seconds * 1e3,
+                prefill_tokens=g.prefill_tokens,
+                context=g.context,
+            )
+            for g in worst
+        ],  # fmt: skip
     )
 
 
@@ -158,6 +179,12 @@ def run_fairness(
             f"median {r.median_ratio:.2f}x; prefill took {r.prefill_seconds:.1f} s",
             flush=True,
         )
+        for g in r.worst_gaps[:3]:
+            print(
+                f"  a {g['ratio']:.2f}x gap: {g['gap_ms']:.1f} ms, of which the forward pass "
+                f"{g['step_ms']:.1f} ms, with {g['prefill_tokens']} prompt tokens",
+                flush=True,
+            )
         results.append(asdict(r))
         del engine
     return results

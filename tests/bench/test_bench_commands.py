@@ -25,6 +25,8 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
     for r in (paced, unpaced):
         assert r["num_gaps"] > 0 and r["worst_ratio"] >= r["p99_ratio"] >= r["median_ratio"] > 0
         assert r["context_after"] > r["context_before"]  # the streams kept decoding throughout
+        worst = r["worst_gaps"][0]  # the worst gap, with the step that ended it
+        assert worst["ratio"] == r["worst_ratio"] and worst["gap_ms"] >= worst["step_ms"] > 0
     # Unpaced, 300 tokens fit in one step; paced, a prompt takes many steps beside the streams.
     assert paced["num_gaps"] > unpaced["num_gaps"]
 
