@@ -120,7 +120,10 @@ class TritonAttention:
         def ints(value: int) -> torch.Tensor:
             return torch.tensor([value], dtype=torch.int32, device=self.device)
 
-        table = torch.zeros(1, TABLE_WIDTH_MULTIPLE, dtype=torch.int32, device=self.device)
+        # Every column block 0, as many as the longest dummy context (the largest tile) needs.
+        width = -(-EXTEND_TILES[-1] // cache.block_size)
+        width = -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
+        table = torch.zeros(1, width, dtype=torch.int32, device=self.device)
         kv = torch.zeros(1, num_kv_heads, head_dim, dtype=dtype, device=self.device)
         nowhere = torch.full((1,), -1, dtype=torch.long, device=self.device)
         store_kv(kv, kv, k_cache, v_cache, nowhere, scales, cache.format.qmax)

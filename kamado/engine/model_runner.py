@@ -54,8 +54,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda":
             self._compile_attention_kernels(model_config, dtype)
-        if engine_config.cuda_graphs and self.device.type == "cuda":
-            self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)
+            if engine_config.cuda_graphs:
+                self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)
 
     def _compile_attention_kernels(self, model_config: ModelConfig, dtype: torch.dtype) -> None:
         from kamado.attention.triton_backend import TritonAttention
