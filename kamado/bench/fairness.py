@@ -11,6 +11,7 @@ prefill at the full token budget, as general-purpose schedulers do).
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -34,6 +35,8 @@ class Gap:
     # output handling, the benchmark's loop and the OS) and the prompt tokens it carried.
     step_seconds: float
     prefill_tokens: int
+    gc_seconds: float  # garbage collections during the step
+    cpu_threads: int  # threads the step computed with (0 on an accelerator)
 
 
 @dataclass
@@ -67,21 +70,33 @@ class Streams:
         self.last: dict[str, float] = {}
         self.length = {f"stream-{i}": STREAM_PROMPT for i in range(STREAMS)}
         self.gaps: list[Gap] = []
+        self.gc_seconds = 0.0
+        self._gc_started = 0.0
+        gc.callbacks.append(self._time_gc)
         while len(self.last) < STREAMS:  # prefill the streams
             self.step()
 
+    def _time_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_seconds += time.perf_counter() - self._gc_started
+
     def step(self) -> set[str]:
         """One engine step; returns the ids of the requests that got a token."""
+        gc_before = self.gc_seconds
         deltas = self.engine.step()
         now = time.perf_counter()
-        stats = self.engine.stats
+        stats, gc_seconds = self.engine.stats, self.gc_seconds - gc_before
+        threads = self.engine.threads.threads if self.engine.threads is not None else 0
         for d in deltas:
             if d.request_id in self.length:
                 self.length[d.request_id] += 1
                 if d.request_id in self.last:
                     self.gaps.append(
                         Gap(now - self.last[d.request_id], self.length[d.request_id],
-                            stats.last_step_seconds, stats.last_step_prefill_tokens)
+                            stats.last_step_seconds, stats.last_step_prefill_tokens,
+                            gc_seconds, threads)
                     )  # fmt: skip
                 self.last[d.request_id] = now
         return {d.request_id for d in deltas}
@@ -95,6 +110,7 @@ class Streams:
     def close(self) -> None:
         for request_id in self.length:
             self.engine.abort(request_id)
+        gc.callbacks.remove(self._time_gc)
 
 
 def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fairness:
@@ -145,6 +161,8 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
                 gap_ms=g.seconds * 1e3,
                 step_ms=g.step_seconds * 1e3,
                 prefill_tokens=g.prefill_tokens,
+                gc_ms=g.gc_seconds * 1e3,
+                cpu_threads=g.cpu_threads,
                 context=g.context,
             )
             for g in worst
@@ -182,7 +200,8 @@ def run_fairness(
         for g in r.worst_gaps[:3]:
             print(
                 f"  a {g['ratio']:.2f}x gap: {g['gap_ms']:.1f} ms, of which the forward pass "
-                f"{g['step_ms']:.1f} ms, with {g['prefill_tokens']} prompt tokens",
+                f"{g['step_ms']:.1f} ms, with {g['prefill_tokens']} prompt tokens on "
+                f"{g['cpu_threads']} threads; garbage collection {g['gc_ms']:.1f} ms",
                 flush=True,
             )
         results.append(asdict(r))

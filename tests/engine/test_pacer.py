@@ -137,3 +137,15 @@ def test_a_slope_that_does_not_stand_out_from_the_noise_is_not_trusted():
         pacer.observe(3, tokens, 0.040 + extra)
     fixed, per_token, _ = pacer.cost_model()
     assert per_token == pytest.approx(0.000125)  # the prefill-alone slope, not the fit's 1.2 ms
+
+
+def test_a_long_prompt_keeps_to_the_factor_where_a_follow_up_may_stretch():
+    pacer = PrefillPacer(1.5, 2048, short_factor=1.5)  # the same factor for both
+    pacer.observe(3, 0, 0.040)
+    for tokens in (4, 8, 16, 32):  # 15 ms fixed, 0.1 ms a token
+        pacer.observe(3, tokens, 0.040 + 0.015 + 0.0001 * tokens)
+    # 20 ms of slack: a long prompt's tokens get what the fixed part leaves (5 ms); a
+    # follow-up's, with the fixed part over half the slack, as long as the fixed part
+    # (15 ms, 150 tokens), capped at twice the largest chunk seen.
+    assert pacer.prefill_limit(3) == pytest.approx(50, abs=1)
+    assert pacer.prefill_limit(3, short_turn=True) == 64
