@@ -138,8 +138,9 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         normal = y0 + (y1 - y0) * (gap.context - x0) / (x1 - x0)
         return gap.seconds / normal
 
-    ratios = sorted(ratio(g) for g in beside)
-    worst = sorted(beside, key=ratio)[-WORST_GAPS:][::-1]
+    # Each gap's ratio computed once; ties (a step's streams) keep their order.
+    ranked = sorted(((ratio(g), g) for g in beside), key=lambda pair: pair[0])
+    ratios = [r for r, _ in ranked]
     return Fairness(
         scheduler=label,
         model=model,
@@ -157,7 +158,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         prefill_seconds=prefill_seconds,
         worst_gaps=[
             dict(
-                ratio=ratio(g),
+                ratio=r,
                 gap_ms=g.seconds * 1e3,
                 step_ms=g.step_seconds * 1e3,
                 prefill_tokens=g.prefill_tokens,
@@ -165,7 +166,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
                 cpu_threads=g.cpu_threads,
                 context=g.context,
             )
-            for g in worst
+            for r, g in reversed(ranked[-WORST_GAPS:])
         ],  # fmt: skip
     )
 

@@ -6,8 +6,8 @@ token then advances each matcher. On a CPU the forward pass holds the engine thr
 masks are computed on a worker thread beside it (llguidance and torch both release the
 GIL). On a GPU the forward pass is only queued, so the engine thread computes them itself
 after queuing it: a second thread gained no overlap there and slowed the step's launches by
-contending for the GIL (H200, batch 1, 256 tokens: 0.86-0.88 of the unconstrained rate with
-the worker, 0.95-0.97 without). A step with no constrained sequence does none of this.
+contending for the GIL (H200, batch 1, 256 tokens: 0.85-0.88 of the unconstrained rate with
+the worker, 0.94-0.97 without). A step with no constrained sequence does none of this.
 A preempted sequence recomputes its KV, not its output, so its matcher (keyed by the
 sequence) stays where it is.
 """
@@ -43,7 +43,7 @@ class GuideStats:
 
     masks: int = 0  # token masks computed (one per constrained row per step)
     compute_s: float = 0.0  # mask computation, beside the forward pass
-    prepare_s: float = 0.0  # engine thread handing a step's matchers to the worker
+    prepare_s: float = 0.0  # engine thread gathering a step's matchers (on a CPU: for the worker)
     wait_s: float = 0.0  # engine thread waiting for the masks (on a GPU: computing them)
     apply_s: float = 0.0  # masking the logits rows
     advance_s: float = 0.0  # feeding sampled tokens to the matchers
