@@ -1,39 +1,92 @@
-"""Bytes per second of each compressed linear's batch-1 matmul on CUDA at Qwen3-8B and
-Llama-3-70B projection shapes, beside bf16 F.linear: the kernels alone, without the engine.
+"""Bytes per second of each compressed linear's decode matmul on CUDA at Qwen3-8B and
+Llama-3-70B projection shapes, beside a bf16 nn.Linear: the kernels alone, without the engine.
 
-    python scripts/gemv_bandwidth.py
+Each cell times calls captured in one CUDA graph (as the engine replays decode steps, so
+no launch cost), over enough copies of the weight that none is still in L2 when read again.
+
+    python scripts/gemv_bandwidth.py [ROWS]
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import sys
+from collections.abc import Callable
 
-from kamado.bench.gpu import copy_bandwidth, timed_ms
+import torch
+
+from kamado.bench.gpu import copy_bandwidth
 from kamado.surgery import formats
 from kamado.surgery.pipeline import module_bytes
 from kamado.surgery.qlinear import Fp8Linear, Int4Linear, Int8Linear
 
-SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (57344, 8192)]
+SHAPES = [
+    (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096),  # Qwen3-8B
+    (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672),  # Llama-3-70B
+]  # fmt: skip
+ROTATED_BYTES = 400 * 2**20  # several times the H200's 50 MB of L2
+
+
+def graph_ms(calls: list[Callable[[], object]], reps: int = 20) -> float:
+    """Median device time of one call, all of them captured in one graph and replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (and Triton's tuning) outside the capture
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[reps // 2] / len(calls)
+
+
+def bytes_per_second(make: Callable[[], torch.nn.Module], x: torch.Tensor) -> float:
+    """Weight bytes read per second by make()'s module, rotated over fresh copies."""
+    first = make()
+    size = module_bytes(first)
+    modules = [first] + [make() for _ in range(max(1, -(-ROTATED_BYTES // size) - 1))]
+    ms = graph_ms([lambda m=m: m(x) for m in modules])
+    return size / (ms / 1e3)
+
+
+def format_makers(w: torch.Tensor) -> list[Callable[[], torch.nn.Module]]:
+    """bf16, int8, fp8 and int4 (group 128) linears of w, each call a fresh copy."""
+    n, k = w.shape
+    int8, fp8, int4 = formats.quantize_int8(w), formats.quantize_fp8(w), formats.quantize_int4(w)
+
+    def bf16() -> torch.nn.Module:
+        linear = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
+        linear.weight.data.copy_(w)
+        return linear
+
+    return [
+        bf16,
+        lambda: Int8Linear(int8[0].clone(), int8[1], None),
+        lambda: Fp8Linear(fp8[0].clone(), fp8[1], None),
+        lambda: Int4Linear(int4[0], int4[1], int4[2], None),
+    ]
 
 
 def main() -> None:
+    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     bandwidth = copy_bandwidth()
-    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; each cell: TB/s of weight bytes read")
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; input rows {rows}; TB/s of weight bytes")
     print(f"{'shape':>14s} {'bf16':>6s} {'int8':>6s} {'fp8':>6s} {'int4':>6s}")
     for n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        modules = {
-            "int8": Int8Linear(*formats.quantize_int8(w), None),
-            "fp8": Fp8Linear(*formats.quantize_fp8(w), None),
-            "int4": Int4Linear(*formats.quantize_int4(w, 128), None),
-        }
-        cells = [w.numel() * 2 / (timed_ms(lambda w=w, x=x: F.linear(x, w), 50) / 1e3)]
-        for module in modules.values():
-            ms = timed_ms(lambda m=module, x=x: m(x), 50)
-            cells.append(module_bytes(module) / (ms / 1e3))
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        cells = [bytes_per_second(make, x) for make in format_makers(w)]
         print(f"{n:>7d}x{k:<6d} " + " ".join(f"{c / 1e12:6.2f}" for c in cells), flush=True)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

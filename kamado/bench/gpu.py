@@ -109,6 +109,7 @@ def run_gpu_bench(
             kv_cache_bytes=kv_bytes,
             max_num_seqs=max(batches),
             max_num_batched_tokens=16384,
+            speculation="off",  # one token a step, as the roofline counts (see bench --spec)
         )
     )
     config = engine.model_config

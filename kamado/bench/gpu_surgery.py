@@ -75,6 +75,7 @@ def _run_variant(
         EngineConfig(
             model=model, device="cuda", dtype="bfloat16", kv_cache_bytes=kv_bytes,
             max_num_seqs=1, surgery=surgery, enable_prefix_caching=False,
+            speculation="off",  # one token a step, as the roofline counts
         )
     )  # fmt: skip
     load_s = time.perf_counter() - started

@@ -69,10 +69,24 @@ def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.float()[:, None]
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """Two 4-bit values per byte along `in`: element 2j in the low nibble, 2j+1 in the high."""
-    return q[:, 0::2] | (q[:, 1::2] << 4)
+def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
+    """uint8 values 0..15 [out, in] -> int32 words [out, in // 8], a group's values in
+    group // 8 words: nibble i (bits 4i..4i+3) of word j holds element i * (group // 8) + j.
+
+    So the inputs that the nibbles at one position of a group's words multiply are a
+    contiguous slice of x, which the CUDA GEMV reads as one vector."""
+    out, inp = q.shape
+    per_plane = group // 8
+    planes = q.view(out, inp // group, 8, per_plane).to(torch.int32)
+    words = torch.zeros(out, inp // group, per_plane, dtype=torch.int32, device=q.device)
+    for i in range(8):
+        words |= planes[:, :, i] << (4 * i)
+    return words.view(out, inp // 8)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    return torch.stack([packed & 15, packed >> 4], dim=-1).view(packed.shape[0], -1)
+def unpack_int4(words: torch.Tensor, group: int) -> torch.Tensor:
+    out = words.shape[0]
+    per_plane = group // 8
+    w = words.view(out, -1, 1, per_plane)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device).view(1, 1, 8, 1)
+    return ((w >> shifts) & 15).to(torch.uint8).view(out, -1)

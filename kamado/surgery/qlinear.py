@@ -74,7 +74,7 @@ class Int4Linear(QuantizedLinear):
         super().__init__(q.shape[1], q.shape[0], bias)
         self.group = q.shape[1] // scales.shape[1]
         if q.is_cuda:
-            self.register_buffer("packed", formats.pack_int4(q))
+            self.register_buffer("packed", formats.pack_int4(q, self.group))
             self.register_buffer("scales", scales)
             self.register_buffer("mins", mins)
         else:

@@ -1,5 +1,6 @@
-"""Compressed linears on CUDA (Triton GEMV for 1-2 rows, dequantize + cuBLAS beyond) against
-x @ W.T with W dequantized from the same compressed tensors in float32."""
+"""Compressed linears on CUDA (Triton GEMV for 1-2 rows, a tensor-core fp8 kernel for many
+output rows or up to 16 input rows, dequantize + cuBLAS beyond) against x @ W.T with W
+dequantized from the same compressed tensors in float32."""
 
 from __future__ import annotations
 
@@ -45,21 +46,35 @@ def test_int8_matmul_matches_its_dequantized_weight(n, k, rows, group):
     assert relative_error(module, formats.dequantize_int8(q, scales), rows) < TOLERANCE
 
 
-@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("n,k", [*SHAPES, (1000, 896)])  # 896: 7 groups, a partial step
 @pytest.mark.parametrize("rows", [1, 2, 9])
 @pytest.mark.parametrize("group,scale_dtype", [(128, torch.float16), (32, torch.float32)])
 def test_int4_matmul_matches_its_dequantized_weight(n, k, rows, group, scale_dtype):
     q, scales, mins = formats.quantize_int4(weight(n, k), group, scale_dtype)
     module = Int4Linear(q, scales, mins, None)
-    assert module.packed.numel() == n * k // 2  # two values per byte on the card
+    packed = module.packed
+    assert packed.numel() * packed.element_size() == n * k // 2  # two values a byte on the card
     reference = formats.dequantize_int4(q, scales, mins)
     assert relative_error(module, reference, rows) < TOLERANCE
 
 
-@pytest.mark.skipif(torch.cuda.get_device_capability() < (8, 9), reason="needs fp8")
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("rows", [1, 2, 9])
+needs_fp8 = pytest.mark.skipif(torch.cuda.get_device_capability() < (8, 9), reason="needs fp8")
+
+
+@needs_fp8
+@pytest.mark.parametrize("n,k", [*SHAPES, (20000, 896)])  # 20000 rows: the tensor-core path
+@pytest.mark.parametrize("rows", [1, 2, 9, 17])
 def test_fp8_matmul_matches_its_dequantized_weight(n, k, rows):
     q, scales = formats.quantize_fp8(weight(n, k))
-    module = Fp8Linear(q, scales, None)
+    bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
+    module = Fp8Linear(q, scales, bias)
     assert relative_error(module, formats.dequantize_fp8(q, scales), rows) < TOLERANCE
+
+
+@needs_fp8
+def test_fp8_tensor_core_path_keeps_large_inputs_finite():
+    """Its inputs round to fp16; values past fp16's range are clamped, not made infinite."""
+    q, scales = formats.quantize_fp8(weight(20000, 512))
+    x = torch.randn(1, 512, device=CUDA, dtype=torch.bfloat16)
+    x[0, 7] = 1e6
+    assert torch.isfinite(Fp8Linear(q, scales, None)(x)).all()
