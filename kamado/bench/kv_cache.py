@@ -102,7 +102,7 @@ def run_kv_cache_bench(
             EngineConfig(
                 model=model, device=device, dtype=dtype, kv_cache_dtype=kv,
                 kv_cache_bytes=budget_bytes, max_num_seqs=max(batch, len(AGREEMENT_PROMPTS)),
-                enable_prefix_caching=False,
+                enable_prefix_caching=False, speculation="off",  # one token a step
             )
         )
         for kv in KV_CACHE_DTYPES
