@@ -27,6 +27,8 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         assert r["context_after"] > r["context_before"]  # the streams kept decoding throughout
         worst = r["worst_gaps"][0]  # the worst gap, with the step that ended it
         assert worst["ratio"] == r["worst_ratio"] and worst["gap_ms"] >= worst["step_ms"] > 0
+        steps = [g["step"] for g in r["worst_gaps"]]
+        assert len(set(steps)) == len(steps)  # each step once, not once per stream
     # Unpaced, 300 tokens fit in one step; paced, a prompt takes many steps beside the streams.
     assert paced["num_gaps"] > unpaced["num_gaps"]
 
