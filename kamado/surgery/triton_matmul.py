@@ -49,6 +49,15 @@ _DOT_CONFIGS = [
 
 
 @triton.jit
+def _store_row(out, b_ptr, out_row_ptr, rows, rows64, N, HAS_BIAS: tl.constexpr):
+    """The GEMVs' last step: one input row's float32 outputs [rows], plus the bias, stored
+    in the output's dtype (rows past N were computed on a clamped copy, never stored)."""
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rows64).to(tl.float32)
+    tl.store(out_row_ptr + rows, out.to(out_row_ptr.dtype.element_ty), mask=rows < N)
+
+
+@triton.jit
 def _rowwise_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_om,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -76,9 +85,7 @@ def _rowwise_kernel(
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1) * tl.load(s_ptr + rows64).to(tl.float32)
-    if HAS_BIAS:
-        out += tl.load(b_ptr + rows64).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
+    _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
 @triton.jit
@@ -109,9 +116,7 @@ def _grouped_kernel(
             scale = tl.load(s_base + k // GROUP, mask=ok, other=0.0).to(tl.float32)
             acc += q.to(tl.float32) * x[None, :] * scale[:, None]
     out = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        out += tl.load(b_ptr + rows64).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
+    _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
 @triton.jit
@@ -154,9 +159,7 @@ def _int4_kernel(
             low = tl.load(z_base + g, mask=ok, other=0.0).to(tl.float32)
             acc += dot * scale[:, None] + low[:, None] * x_sum[None, :]
     out = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        out += tl.load(b_ptr + rows64).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=rows < N)
+    _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
 @triton.jit
