@@ -83,6 +83,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     # Replay decode steps from CUDA graphs (CUDA with the triton backend only).
     cuda_graphs: bool = True
+    # Queue each greedy decode step before the previous one's tokens reach the host, so the
+    # device never waits on the engine's Python between steps; None: on for CUDA.
+    overlap_decode: bool | None = None
     # Fused QKV and gate/up weights, fused norm/rope/SiLU kernels (CUDA only).
     fused_kernels: bool = True
     # CPU threads for the model; None: as many as other processes leave cores idle

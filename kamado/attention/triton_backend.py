@@ -202,9 +202,9 @@ class TritonAttention:
         lens[:n] = torch.tensor([c.context_len for c in chunks], dtype=torch.int32)
         slot_mapping = torch.full((batch,), -1, dtype=torch.long)
         slot_mapping[:n] = torch.tensor(slots, dtype=torch.long)
-        buffers.slot_mapping[:batch].copy_(slot_mapping, non_blocking=True)
-        buffers.block_tables[:batch, :width].copy_(tables, non_blocking=True)
-        buffers.context_lens[:batch].copy_(lens, non_blocking=True)
+        to_device(slot_mapping, buffers.slot_mapping[:batch])
+        to_device(tables, buffers.block_tables[:batch, :width])
+        to_device(lens, buffers.context_lens[:batch])
 
     def forward(
         self,
@@ -243,6 +243,13 @@ class TritonAttention:
             out.index_copy_(0, dec.rows, decoded)
         assert out is not None
         return out
+
+
+def to_device(host: torch.Tensor, out: torch.Tensor) -> None:
+    """Copy a small host tensor into a device buffer behind the work already queued. From
+    pinned memory the copy never waits for that work (one from pageable memory may), so
+    the next step can be launched while the device still runs this one."""
+    out.copy_(host.pin_memory(), non_blocking=True)
 
 
 def host_step_layout(chunks: list[SeqChunk], block_size: int) -> tuple[list[int], list[int]]:

@@ -7,7 +7,8 @@ sliding window (0 = none): a query at position p sees keys (p - window, p].
 
 A quantized cache (kv/quant.py: int8 or fp8 codes, a float32 scale per slot and kv head in
 [num_slots, kv_heads] tensors) is read as codes, never dequantized in memory: the dot
-products run on the codes, K's scales multiply the scores and V's scales the probabilities.
+products run on the codes (in fp16), K's scales multiply the scores and V's scales the
+probabilities.
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ def store_kv(
     )  # fmt: skip
 
 
+@triton.jit
+def _fp16_for_codes(q):
+    """Queries for dots with int8/fp8 codes, which widen to fp16 exactly in one instruction
+    (to bf16 in several), so those dots run in fp16; clamped to its range. Probabilities
+    times V's scales go to fp16 too: where they are too small for its precision, they are
+    too small to move the output."""
+    return tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
@@ -142,6 +152,8 @@ def _decode_split_kernel(
     q = tl.load(
         q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None]
     )
+    if SCALED:
+        q = _fp16_for_codes(q)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -350,6 +362,8 @@ def _extend_kernel(
     d = tl.arange(0, HEAD_DIM)
     rows = (q0 + offs_m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + d[None, :], mask=mmask[:, None])
+    if SCALED:
+        q = _fp16_for_codes(q)
     bt_row = block_tables + seq * stride_bt
     hi = tl.minimum(ctx, first + BLOCK_M)
     lo = 0

@@ -17,7 +17,7 @@ import torch
 from kamado.config import EngineConfig, ModelConfig
 from kamado.engine.cpu_threads import DEFAULT_THREADS, ThreadGovernor
 from kamado.engine.model_loading import host_tier_bytes, kv_fingerprint, load_for_engine
-from kamado.engine.model_runner import ModelRunner, Verified
+from kamado.engine.model_runner import Launched, ModelRunner, Verified
 from kamado.engine.outputs import TokenDelta
 from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sampling_params import SamplingParams
@@ -57,6 +57,8 @@ class EngineStats:
     last_step_decodes: int = 0
     last_step_prefill_tokens: int = 0
     last_step_draft_tokens: int = 0
+    # Decode steps queued before the previous step's tokens were read (overlap_decode).
+    steps_launched_ahead: int = 0
     # Prefix cache: prompt tokens looked up, and those found on the device, in host RAM or
     # on disk.
     prefix_queried_tokens: int = 0
@@ -142,6 +144,13 @@ class EngineCore:
         )
         self._requests: dict[str, list[Sequence]] = {}
         self._arrivals = 0
+        self.overlap = (
+            config.overlap_decode
+            if config.overlap_decode is not None
+            else self.runner.device.type == "cuda"
+        )
+        self._in_flight: Launched | None = None  # a decode step launched ahead, not read yet
+        self._last_collected = 0.0
         self.stats = EngineStats(kv_blocks_total=self.num_blocks)
         # Everything alive now lives as long as the engine: keep it out of the collector's
         # scans, so a collection between steps stays short and decode gaps stay even.
@@ -268,24 +277,32 @@ class EngineCore:
             self._requests.pop(request_id, None)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self._in_flight is not None or self.scheduler.has_work()
 
     # ---- the step ---------------------------------------------------------------------
 
     def step(self) -> list[TokenDelta]:
         scheduling = time.perf_counter()
-        batch = self.scheduler.schedule()
-        if not batch:
+        launched, self._in_flight = self._in_flight, None
+        if launched is None:
+            batch = self.scheduler.schedule()
+            if not batch:
+                if self.transfers is not None:
+                    self.transfers.wait_any(RESTORE_POLL_SECONDS)  # only restores are left
+                return []
             if self.transfers is not None:
-                self.transfers.wait_any(RESTORE_POLL_SECONDS)  # only restores are left
-            return []
-        if self.transfers is not None:
-            self.transfers.save_evicted()  # before this step overwrites the evicted blocks
-        if self.threads is not None:
-            self.threads.update()
-        started = time.perf_counter()
-        verified = self.runner.execute(batch, self.guides)
-        seconds = time.perf_counter() - started
+                self.transfers.save_evicted()  # before this step overwrites the evicted blocks
+            if self.threads is not None:
+                self.threads.update()
+            launched = self.runner.launch(batch, self.guides)
+        if self.overlap:
+            self._in_flight = self._launch_ahead(launched)
+        verified = self.runner.collect(launched)
+        collected = time.perf_counter()
+        # A step launched ahead starts on the device once the one before it is done.
+        seconds = collected - max(launched.started, self._last_collected)
+        self._last_collected = collected
+        batch = launched.batch
         num_decodes = sum(
             1 for item in batch if item.samples and item.num_new - len(item.draft) == 1
         )
@@ -299,6 +316,8 @@ class EngineCore:
             total = time.perf_counter() - scheduling
             self.speculator.observe_step(num_decodes + num_drafted, num_drafted, total)
         for item in batch:
+            if item.seq.status is Status.FINISHED:
+                continue  # it ended (or was aborted) while this step was in flight
             forks_now = item.samples and item.seq.pending_forks
             before = item.seq.num_computed
             item.seq.num_computed += item.num_new - len(item.draft)
@@ -308,10 +327,40 @@ class EngineCore:
                 for child in item.seq.pending_forks:
                     self._fork(item.seq, child)
                 item.seq.pending_forks = []
-        deltas = [self._append(v) for v in verified]
+        deltas = [self._append(v) for v in verified if v.seq.status is not Status.FINISHED]
         num_generated = sum(len(d.new_token_ids) for d in deltas)
         self._update_stats(num_decodes, num_prefill, num_drafted, num_generated, seconds)
         return deltas
+
+    def _launch_ahead(self, step: Launched) -> Launched | None:
+        """Queue the decode step after `step` before reading `step`'s tokens, so the device
+        runs it while the host reads them, appends them and comes back. Only where that
+        step is known without them: greedy decodes sampled on the device, no drafts wanted
+        (the speculator would plan none), no grammar to advance, and the scheduler would
+        plan the same.
+        A sequence that `step`'s token ends (EOS, a stop string) computes one token in vain;
+        its output is never read."""
+        if not step.plain_decode:
+            return None
+        decoding = [item.seq for item in step.batch if item.seq.status is Status.RUNNING]
+        if any(seq.params.constraint is not None for seq in decoding):
+            return None
+        batch = self.scheduler.schedule_ahead(decoding, [s for s in decoding if self._goes_on(s)])
+        if not batch:
+            return None
+        if self.speculator is not None and not self.speculator.plan_none([i.seq for i in batch]):
+            return None
+        if self.transfers is not None:
+            self.transfers.save_evicted()
+        self.stats.steps_launched_ahead += 1
+        return self.runner.launch(batch, self.guides, feed=step)
+
+    def _goes_on(self, seq: Sequence) -> bool:
+        """The token in flight for `seq` cannot end it by length."""
+        limit = seq.params.max_tokens
+        return (limit is None or seq.num_output_tokens + 1 < limit) and (
+            seq.num_tokens + 1 < self.max_model_len
+        )
 
     def _append(self, verified: Verified) -> TokenDelta:
         """Append a step's tokens one at a time, stopping where a stop condition holds, so

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from kamado.attention.backend import SeqChunk
-from kamado.attention.triton_backend import TritonAttention
+from kamado.attention.triton_backend import TritonAttention, to_device
 from kamado.kv.cache import KVCache
 from kamado.models.rope import RotaryEmbedding
 from kamado.models.transformer import StepContext
@@ -74,17 +74,21 @@ class DecodeGraphs:
         return batch <= self.buckets[-1]
 
     def run(
-        self, input_ids: list[int], positions: list[int], chunks: list[SeqChunk]
+        self, input_ids: list[int] | torch.Tensor, positions: list[int], chunks: list[SeqChunk]
     ) -> torch.Tensor:
-        """One decode step of len(chunks) sequences; returns their final hidden states."""
+        """One decode step of len(chunks) sequences; returns their final hidden states.
+        `input_ids` may be on the device already (sampled by the step before)."""
         n = len(chunks)
         batch = next(b for b in self.buckets if b >= n)
-        ids = torch.zeros(batch, dtype=torch.long)
+        if isinstance(input_ids, torch.Tensor):
+            self.input_ids[:n].copy_(input_ids)  # padding rows keep earlier, valid ids
+        else:
+            ids = torch.zeros(batch, dtype=torch.long)
+            ids[:n] = torch.tensor(input_ids)
+            to_device(ids, self.input_ids[:batch])
         pos = torch.zeros(batch, dtype=torch.long)
-        ids[:n] = torch.tensor(input_ids)
         pos[:n] = torch.tensor(positions)
-        self.input_ids[:batch].copy_(ids, non_blocking=True)
-        self.positions[:batch].copy_(pos, non_blocking=True)
+        to_device(pos, self.positions[:batch])
         self.backend.fill_decode_buffers(self.buffers, chunks, self.cache.block_size, batch)
         self.graphs[batch].replay()
         return self.hidden[batch][:n]

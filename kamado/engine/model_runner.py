@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -79,29 +80,45 @@ class ModelRunner:
             self.forward, self.backend, self.cache, self.rope, engine_config.max_num_seqs, max_len
         )
 
-    @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq], guides: Guides | None = None) -> list[Verified]:
-        """Run one forward pass; return the new tokens of each sequence that samples.
+        """Run one forward pass; return the new tokens of each sequence that samples."""
+        return self.collect(self.launch(batch, guides))
+
+    @torch.inference_mode()
+    def launch(
+        self,
+        batch: list[ScheduledSeq],
+        guides: Guides | None = None,
+        feed: Launched | None = None,
+    ) -> Launched:
+        """Queue one forward pass and what it samples on the device; `collect` reads it.
 
         A sequence that finishes its prompt while siblings wait to fork from it samples
         one row per sibling from the same logits. Rows of constrained sequences are masked
         by `guides`, whose masks are computed while the model runs. A sequence with draft
         tokens samples a row at each of them as well (see `verify`).
+
+        With `feed`, every item is the next decode of a sequence in that step, which has
+        not been collected yet: its input token is read where `feed` sampled it, on the
+        device, and its position is one past the one `feed` computes.
         """
+        started = time.perf_counter()
         input_ids: list[int] = []
         positions: list[int] = []
         chunks: list[SeqChunk] = []
         rows: list[int] = []
         groups: list[tuple[Sequence, list[int]]] = []  # (sequence, draft): 1 + len(draft) rows
         for item in batch:
-            seq, start = item.seq, item.seq.num_computed
+            seq = item.seq
+            start = seq.num_computed + (1 if feed is not None else 0)
             end = start + item.num_new
-            input_ids.extend(seq.token_ids[start : end - len(item.draft)])
-            input_ids.extend(item.draft)
+            if feed is None:
+                input_ids.extend(seq.token_ids[start : end - len(item.draft)])
+                input_ids.extend(item.draft)
             positions.extend(range(start, end))
             chunks.append(SeqChunk(item.num_new, end, seq.block_table))
             if item.samples:
-                last = len(input_ids) - 1 - len(item.draft)
+                last = len(positions) - 1 - len(item.draft)
                 if item.draft:
                     rows.extend(range(last, last + 1 + len(item.draft)))
                     groups.append((seq, item.draft))
@@ -109,41 +126,54 @@ class ModelRunner:
                     for target in (seq, *seq.pending_forks):
                         rows.append(last)
                         groups.append((target, []))
+        ids = feed.tokens_of([item.seq for item in batch]) if feed is not None else input_ids
         row_seqs = [seq for seq, draft in groups for _ in range(1 + len(draft))]
         masks = guides.prepare(row_seqs) if guides is not None else None
-        if (
-            self.graphs is not None
-            and len(input_ids) == len(chunks)
-            and self.graphs.fits(len(chunks))
-        ):
-            hidden = self.graphs.run(input_ids, positions, chunks)
+        one_token_each = len(positions) == len(chunks)
+        if self.graphs is not None and one_token_each and self.graphs.fits(len(chunks)):
+            hidden = self.graphs.run(ids, positions, chunks)
         else:
             self.rope.reserve(max(positions) + 1)
             metadata = self.backend.build_metadata(chunks, self.block_size)
             ctx = StepContext(self.rope, self.backend, self.cache, metadata)
             hidden = self.forward(
-                torch.tensor(input_ids, device=self.device),
+                torch.as_tensor(ids, device=self.device),
                 torch.tensor(positions, device=self.device),
                 ctx,
             )
+        one_row_each = len(positions) == len(groups) == len(batch)
+        step = Launched(batch, groups, started, one_row_each)
         if not rows:
-            return []
+            return step
         logits = self.model.logits(hidden[self._row_index(rows)])
         if masks is not None:
             masks.apply(logits)  # where the logits are
         if all(plain_greedy(s.params) for s in row_seqs):
             # Argmax where the logits are: only the token ids cross to the host.
-            tokens: list[int] = logits.argmax(dim=-1).tolist()
+            step.read_tokens(logits.argmax(dim=-1))
+        else:
+            step.logits = logits
+        return step
+
+    @torch.inference_mode()
+    def collect(self, step: Launched) -> list[Verified]:
+        """Wait for a launched step's samples (only for that step: one launched after it
+        keeps running) and judge each sequence's drafts."""
+        if not step.groups:
+            return []
+        if step.tokens is not None:
+            tokens = step.host_tokens()
             logprobs: list[TokenLogprob | None] = [None] * len(tokens)
         else:
+            assert step.logits is not None
             sample_rows = [
                 SampleRow(seq.params, seq.token_ids + draft[:j], seq.num_prompt_tokens, seq.index)
-                for seq, draft in groups
+                for seq, draft in step.groups
                 for j in range(1 + len(draft))
             ]
-            tokens, logprobs = self.sampler(logits.cpu(), sample_rows)
+            tokens, logprobs = self.sampler(step.logits.cpu(), sample_rows)
         out, row = [], 0
-        for seq, draft in groups:
+        for seq, draft in step.groups:
             n = 1 + len(draft)
             out.append(verify(seq, draft, tokens[row : row + n], logprobs[row : row + n]))
             row += n
@@ -156,6 +186,53 @@ class ModelRunner:
         if rows == list(range(first, first + len(rows))):  # decodes: every row, in order
             return slice(first, first + len(rows))
         return torch.tensor(rows).to(self.device, non_blocking=True)
+
+
+@dataclass
+class Launched:
+    """A step whose work is queued on the device. Plain greedy rows keep their argmax
+    there (`tokens`, which a step launched next can read as its input) and copy it to the
+    host behind the step; other rows keep their logits for the host's sampler."""
+
+    batch: list[ScheduledSeq]
+    groups: list[tuple[Sequence, list[int]]]  # (sequence, draft), as the rows are sampled
+    started: float  # time.perf_counter() at launch
+    one_row_each: bool  # every sequence computes one token and samples one row from it
+    tokens: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    _host: torch.Tensor | None = None
+    _ready: torch.cuda.Event | None = None
+
+    def read_tokens(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+        if tokens.device.type != "cuda":
+            self._host = tokens
+            return
+        self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        self._host.copy_(tokens, non_blocking=True)
+        self._ready = torch.cuda.Event()
+        self._ready.record()
+
+    def host_tokens(self) -> list[int]:
+        assert self._host is not None
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+    @property
+    def plain_decode(self) -> bool:
+        """One greedy token per sequence, sampled on the device: a next decode step can
+        take its input tokens from `tokens` before the host has seen them."""
+        return self.tokens is not None and self.one_row_each
+
+    def tokens_of(self, seqs: list[Sequence]) -> torch.Tensor:
+        """The tokens this step samples for `seqs` (each one of its rows), on the device."""
+        assert self.tokens is not None
+        row = {id(seq): i for i, (seq, _) in enumerate(self.groups)}
+        index = [row[id(seq)] for seq in seqs]
+        if index == list(range(len(self.groups))):
+            return self.tokens
+        return self.tokens[torch.tensor(index).to(self.tokens.device, non_blocking=True)]
 
 
 @dataclass

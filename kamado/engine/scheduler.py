@@ -153,6 +153,21 @@ class Scheduler:
             return self.schedule()
         return batch
 
+    def schedule_ahead(
+        self, decoding: list[Sequence], continuing: list[Sequence]
+    ) -> list[ScheduledSeq]:
+        """The decode step after the running one, planned before that step's tokens are
+        read. `decoding`: the running sequences that step decodes; `continuing`: those its
+        tokens do not end. Only where it is the step `schedule` would plan (nothing waits,
+        every running sequence decodes) and every one has room for one more token without
+        preempting anyone; otherwise [] and the next step is scheduled as usual."""
+        if self.waiting or len(decoding) != len(self.running) or not continuing:
+            return []
+        for seq in continuing:  # num_computed lags the step in flight by one
+            if not self.pool.grow(seq.block_table, seq.num_computed + 2, self.block_size):
+                return []
+        return [ScheduledSeq(seq, 1) for seq in continuing]
+
     def _next_waiting(self, deferred: set[int]) -> Sequence | None:
         """The sequence to admit next, of those not waiting for a restore or for blocks
         another sequence is computing (`deferred`). One whose blocks came back first: it

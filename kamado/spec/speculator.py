@@ -42,6 +42,21 @@ class _SeqSpec:
     drafts: dict[str, list[int]] = field(default_factory=dict)  # this step's, by proposer
     proposer: str | None = None  # whose draft is being verified this step
     idle: int = 0  # steps since the controller last wanted drafts for it
+    blind: int = 0  # steps in a row planned without the newest tokens (plan_none)
+
+
+@dataclass
+class _Ask:
+    """What a step asks the proposers for, for one sequence."""
+
+    limit: int  # the longest draft worth asking for (0: none)
+    idle: int  # the sequence's idle count after the step
+    rates: dict[str, float]  # each proposer's acceptance rate
+    probe: bool  # a one-token draft only to keep measuring the proposers
+
+    @property
+    def rate(self) -> float:
+        return max(self.rates.values())
 
 
 class Speculator:
@@ -64,19 +79,44 @@ class Speculator:
             drafts.append(candidate.draft[:n] if candidate and n else [])
         return drafts
 
-    def _best_draft(self, seq: Sequence, batch_size: int) -> Candidate | None:
-        state = self._seqs.setdefault(seq, _SeqSpec())
-        state.drafts = {}
+    def plan_none(self, seqs: list[Sequence]) -> bool:
+        """Plan a step of `seqs` without their newest tokens, where that plan is no drafts
+        whatever the tokens: the controller would verify none even at each one's best
+        acceptance rate and longest useful draft, and no probe is due. True, and the step
+        counts as planned. One step in PROBE_EVERY still waits for the tokens, so the
+        proposers' drafts go on being scored against what the model emits."""
+        states = {seq: self._seqs.setdefault(seq, _SeqSpec()) for seq in seqs}
+        if any(state.blind >= PROBE_EVERY - 1 for state in states.values()):
+            return False
+        asks = {seq: self._ask(seq, state, len(seqs)) for seq, state in states.items()}
+        if any(ask.probe for ask in asks.values()):
+            return False
+        best = [Candidate([0] * a.limit, a.rate, "") if a.limit else None for a in asks.values()]
+        if any(self.controller.draft_lengths(len(seqs), best)):
+            return False
+        for seq, state in states.items():
+            state.drafts, state.proposer, state.idle = {}, None, asks[seq].idle
+            state.blind += 1
+        return True
+
+    def _ask(self, seq: Sequence, state: _SeqSpec, batch_size: int) -> _Ask:
         rates = {p.name: self.controller.rate(state.rates, p.name) for p in self.proposers}
         # No proposer is asked for more than the best of them could be verified for; when
         # that is nothing, a one-token draft now and then keeps measuring them.
         limit = self.controller.useful_length(max(rates.values()), batch_size)
-        state.idle = 0 if limit else state.idle + 1
-        if not limit and state.idle % PROBE_EVERY == 0:
-            limit = 1
-        limit = min(limit, self._room(seq))
-        if limit <= 0:
+        idle = 0 if limit else state.idle + 1
+        probe = not limit and idle % PROBE_EVERY == 0
+        limit = min(1 if probe else limit, self._room(seq))
+        return _Ask(max(limit, 0), idle, rates, probe)
+
+    def _best_draft(self, seq: Sequence, batch_size: int) -> Candidate | None:
+        state = self._seqs.setdefault(seq, _SeqSpec())
+        state.drafts = {}
+        ask = self._ask(seq, state, batch_size)
+        state.idle, state.blind = ask.idle, 0
+        if ask.limit <= 0:
             return None
+        limit, rates = ask.limit, ask.rates
         best, best_gain = None, 0.0
         for proposer in self.proposers:
             draft = proposer.propose(seq, limit)

@@ -92,6 +92,35 @@ def test_quantized_kv_through_triton_and_graphs_follows_the_torch_backend(kv):
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=True, kv=kv), tie)
 
 
+def test_decode_launched_ahead_gives_the_tokens_of_one_step_at_a_time():
+    # Lengths differ, so the batch shrinks and later steps read their input tokens from
+    # other rows of the step in flight; one request is aborted with a step in flight.
+    runs, ahead = {}, {}
+    for overlap in (False, True):
+        engine = EngineCore(
+            EngineConfig(
+                model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
+                kv_cache_bytes=1 << 30, max_num_seqs=8, overlap_decode=overlap,
+                speculation="off",
+            )
+        )  # fmt: skip
+        tokens: dict[str, list[int]] = {}
+        for i, n in enumerate(PROMPT_LENS):
+            params = SamplingParams(temperature=0.0, max_tokens=GEN_LEN - 5 * i, ignore_eos=True)
+            engine.add_request(str(i), [(i * 31 + j * 17) % 30000 + 100 for j in range(n)], params)
+            tokens[str(i)] = []
+        while engine.has_work():
+            for delta in engine.step():
+                tokens[delta.request_id].extend(delta.new_token_ids)
+                if delta.request_id == "1" and len(tokens["1"]) == 6:
+                    engine.abort("1")
+        runs[overlap], ahead[overlap] = tokens, engine.stats.steps_launched_ahead
+        assert engine.pool.num_used == 0
+    assert runs[True] == runs[False]
+    assert [len(t) for t in runs[True].values()] == [GEN_LEN, 6, GEN_LEN - 10, GEN_LEN - 15]
+    assert ahead[False] == 0 and ahead[True] > 0
+
+
 def test_a_dropped_engine_frees_its_device_and_pinned_memory():
     """Graphs, Triton backend and the pinned host tier included: nothing may keep a dropped
     engine alive (the engine freezes the collector, so a cycle would hold it for good)."""
