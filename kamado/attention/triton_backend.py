@@ -8,7 +8,7 @@ static buffers (`DecodeBuffers`) so a captured CUDA graph replays with fresh inp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 import triton
@@ -47,12 +47,28 @@ def _splits(programs: int, most: int) -> int:
     return splits
 
 
-EXTEND_TILES = (16, 32, 64, 128)  # query rows per extend tile; each its own compiled kernel
+@dataclass(frozen=True)
+class ExtendTile:
+    """An extend kernel's tile (query rows x keys) and launch shape: each its own kernel."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
 
 
-def extend_block_m(max_query_len: int) -> int:
-    """Query rows per tile: a short chunk gets a small tile rather than a mostly empty one."""
-    return min(EXTEND_TILES[-1], max(EXTEND_TILES[0], triton.next_power_of_2(max_query_len)))
+# A short chunk gets a small tile rather than a mostly empty one. Long chunks get 256 x 128
+# with 8 warps: the fastest measured on an H200 at 8k and 128k contexts, 1.08x and 1.26x
+# the 128 x 64 tile (scripts/sweep_extend.py, bench/results/2026-11-30-h200-extend-sweep-2.txt).
+EXTEND_TILES = (
+    *(ExtendTile(rows, 64, 4, 3) for rows in (16, 32, 64, 128)),
+    ExtendTile(256, 128, 8, 2),
+)
+
+
+def extend_tile(max_query_len: int) -> ExtendTile:
+    rows = triton.next_power_of_2(max_query_len)
+    return next((t for t in EXTEND_TILES if t.block_m >= rows), EXTEND_TILES[-1])
 
 
 @dataclass
@@ -121,7 +137,7 @@ class TritonAttention:
             return torch.tensor([value], dtype=torch.int32, device=self.device)
 
         # Every column block 0, as many as the longest dummy context (the largest tile) needs.
-        width = -(-EXTEND_TILES[-1] // cache.block_size)
+        width = -(-EXTEND_TILES[-1].block_m // cache.block_size)
         width = -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
         table = torch.zeros(1, width, dtype=torch.int32, device=self.device)
         kv = torch.zeros(1, num_kv_heads, head_dim, dtype=dtype, device=self.device)
@@ -133,11 +149,12 @@ class TritonAttention:
                 q, k_cache, v_cache, table, ints(1), cache.block_size, splits, self.window,
                 scales=scales,
             )  # fmt: skip
-            for block_m in EXTEND_TILES:
-                q = torch.zeros(block_m, num_heads, head_dim, dtype=dtype, device=self.device)
+            for tile in EXTEND_TILES:
+                rows = tile.block_m
+                q = torch.zeros(rows, num_heads, head_dim, dtype=dtype, device=self.device)
                 extend_attention(
-                    q, k_cache, v_cache, table, ints(0), ints(block_m), ints(block_m),
-                    block_m, cache.block_size, self.window, block_m=block_m, scales=scales,
+                    q, k_cache, v_cache, table, ints(0), ints(rows), ints(rows),
+                    rows, cache.block_size, self.window, *astuple(tile), scales=scales,
                     num_splits=splits,
                 )  # fmt: skip
         torch.cuda.synchronize(self.device)
@@ -220,15 +237,15 @@ class TritonAttention:
         store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, scales, cache.format.qmax)
         out = None
         if (ext := metadata.extend) is not None:
-            block_m = extend_block_m(ext.max_query_len)
-            tiles = -(-ext.max_query_len // block_m) * ext.query_lens.shape[0]
+            tile = extend_tile(ext.max_query_len)
+            tiles = -(-ext.max_query_len // tile.block_m) * ext.query_lens.shape[0]
             keys = ext.longest_context
             if self.window:
                 keys = min(keys, self.window + ext.max_query_len)
             out = extend_attention(
                 q, k_cache, v_cache, ext.block_tables, ext.query_start, ext.query_lens,
                 ext.context_lens, ext.max_query_len, cache.block_size, self.window,
-                block_m=block_m, scales=scales,
+                *astuple(tile), scales=scales,
                 num_splits=extend_splits(tiles * q.shape[1], keys),
             )  # fmt: skip
         if (dec := metadata.decode) is not None:
