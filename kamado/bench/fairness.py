@@ -25,6 +25,7 @@ STREAMS = 3
 STREAM_PROMPT = 64
 ALONE_STEPS = 100  # steps of the streams alone, before and after the long prompt
 WORST_GAPS = 10  # the slowest steps beside the prompt kept in the results, a gap of each
+PROGRESS_SECONDS = 30.0  # how often a prefill beside the streams reports its progress
 
 
 @dataclass
@@ -120,8 +121,18 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
     long_prompt = random_prompts(1, prompt_len, engine.model_config.vocab_size, seed=2)[0]
     engine.add_request("long", long_prompt, SamplingParams(temperature=0.0, max_tokens=1))
     start, started = len(streams.gaps), time.perf_counter()
+    computed_before, reported = engine.stats.prompt_tokens_total, started
     while "long" not in streams.step():
-        pass
+        if (now := time.perf_counter()) - reported >= PROGRESS_SECONDS:
+            # A long paced prefill runs for many minutes: show where it is.
+            reported = now
+            done = engine.stats.prompt_tokens_total - computed_before
+            worst = max((g.seconds for g in streams.gaps[start:]), default=0.0)
+            print(
+                f"  {label}: {done} of {prompt_len} prompt tokens after {now - started:.0f} s, "
+                f"worst gap so far {worst * 1e3:.1f} ms",
+                flush=True,
+            )
     prefill_seconds = time.perf_counter() - started
     beside = streams.gaps[start:]
     after = streams.alone(ALONE_STEPS)

@@ -60,6 +60,7 @@ def run_spec_verify(
             model=model, device=device, dtype=str(dtype).removeprefix("torch."),
             kv_cache_bytes=kv_bytes, max_num_seqs=max(batches),
             max_num_batched_tokens=max(batches) * context, speculation="off",
+            overlap_decode=False,  # it runs steps on the runner itself, one at a time
         )
     )  # fmt: skip
     rng = random.Random(0)
