@@ -328,6 +328,9 @@ class EngineCore:
                     self._fork(item.seq, child)
                 item.seq.pending_forks = []
         deltas = [self._append(v) for v in verified if v.seq.status is not Status.FINISHED]
+        if self._in_flight is not None and self.speculator is not None:
+            for item in self._in_flight.batch:  # its input tokens are in now
+                self.speculator.propose_late(item.seq)
         num_generated = sum(len(d.new_token_ids) for d in deltas)
         self._update_stats(num_decodes, num_prefill, num_drafted, num_generated, seconds)
         return deltas

@@ -42,17 +42,16 @@ class _SeqSpec:
     drafts: dict[str, list[int]] = field(default_factory=dict)  # this step's, by proposer
     proposer: str | None = None  # whose draft is being verified this step
     idle: int = 0  # steps since the controller last wanted drafts for it
-    blind: int = 0  # steps in a row planned without the newest tokens (plan_none)
+    late: int = 0  # a step planned blind: the draft length to propose once its input is in
 
 
 @dataclass
 class _Ask:
     """What a step asks the proposers for, for one sequence."""
 
-    limit: int  # the longest draft worth asking for (0: none)
+    limit: int  # the longest draft worth asking for (0: none); 1 for a probe
     idle: int  # the sequence's idle count after the step
     rates: dict[str, float]  # each proposer's acceptance rate
-    probe: bool  # a one-token draft only to keep measuring the proposers
 
     @property
     def rate(self) -> float:
@@ -80,24 +79,33 @@ class Speculator:
         return drafts
 
     def plan_none(self, seqs: list[Sequence]) -> bool:
-        """Plan a step of `seqs` without their newest tokens, where that plan is no drafts
-        whatever the tokens: the controller would verify none even at each one's best
-        acceptance rate and longest useful draft, and no probe is due. True, and the step
-        counts as planned. One step in PROBE_EVERY still waits for the tokens, so the
-        proposers' drafts go on being scored against what the model emits."""
+        """Plan a step of `seqs` before their newest tokens are in, where the plan is no
+        drafts whatever those tokens are: the controller would verify none even at each
+        one's best acceptance rate and longest useful draft. True, and the step counts as
+        planned; the proposers are asked once the tokens are in (`propose_late`), so their
+        drafts are scored against the step's output as if it had been planned from them.
+        The rates it plans with may lack the step still in flight: the controller follows
+        acceptance a step later, and never changes what is emitted."""
         states = {seq: self._seqs.setdefault(seq, _SeqSpec()) for seq in seqs}
-        if any(state.blind >= PROBE_EVERY - 1 for state in states.values()):
-            return False
         asks = {seq: self._ask(seq, state, len(seqs)) for seq, state in states.items()}
-        if any(ask.probe for ask in asks.values()):
-            return False
         best = [Candidate([0] * a.limit, a.rate, "") if a.limit else None for a in asks.values()]
         if any(self.controller.draft_lengths(len(seqs), best)):
             return False
         for seq, state in states.items():
-            state.drafts, state.proposer, state.idle = {}, None, asks[seq].idle
-            state.blind += 1
+            # The drafts of the step before, still in flight, are scored when it is read.
+            state.proposer, state.idle, state.late = None, asks[seq].idle, asks[seq].limit
         return True
+
+    def propose_late(self, seq: Sequence) -> None:
+        """The input token of a step planned blind is in: ask the proposers now, to score
+        their drafts against what that step emits."""
+        state = self._seqs.get(seq)
+        if state is None or not state.late:
+            return
+        limit, state.late = min(state.late, self._room(seq)), 0
+        for proposer in self.proposers if limit > 0 else ():
+            if draft := proposer.propose(seq, limit):
+                state.drafts[proposer.name] = draft
 
     def _ask(self, seq: Sequence, state: _SeqSpec, batch_size: int) -> _Ask:
         rates = {p.name: self.controller.rate(state.rates, p.name) for p in self.proposers}
@@ -105,15 +113,15 @@ class Speculator:
         # that is nothing, a one-token draft now and then keeps measuring them.
         limit = self.controller.useful_length(max(rates.values()), batch_size)
         idle = 0 if limit else state.idle + 1
-        probe = not limit and idle % PROBE_EVERY == 0
-        limit = min(1 if probe else limit, self._room(seq))
-        return _Ask(max(limit, 0), idle, rates, probe)
+        if not limit and idle % PROBE_EVERY == 0:
+            limit = 1
+        return _Ask(max(min(limit, self._room(seq)), 0), idle, rates)
 
     def _best_draft(self, seq: Sequence, batch_size: int) -> Candidate | None:
         state = self._seqs.setdefault(seq, _SeqSpec())
         state.drafts = {}
         ask = self._ask(seq, state, batch_size)
-        state.idle, state.blind = ask.idle, 0
+        state.idle = ask.idle
         if ask.limit <= 0:
             return None
         limit, rates = ask.limit, ask.rates

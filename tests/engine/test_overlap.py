@@ -12,6 +12,7 @@ import pytest
 from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
 from tests.engine.conftest import greedy, make_engine, run
+from tests.spec.test_controller import controller_with_cost
 
 PROMPTS = {f"r{i}": [7 + i, 30 + 3 * i, 2, 91, 5 + i] * (1 + i) for i in range(4)}
 
@@ -110,3 +111,21 @@ def test_speculation_beside_overlapped_decode_keeps_the_tokens(tiny_models):
     engine = make_engine(path, speculation="auto", overlap_decode=True)
     assert run(engine, requests) == plain
     assert engine.snapshot().spec_accepted_tokens
+
+
+def test_steps_planned_ahead_score_the_proposers_as_steps_planned_from_tokens(tiny_models):
+    # Verification costing ten plain steps: the controller verifies no draft, so steps go
+    # ahead, and the proposers' drafts (asked once each step's input is in) are scored
+    # exactly as without overlap.
+    path, _ = tiny_models["qwen3"]
+    requests = {r: (prompt, greedy(40)) for r, prompt in PROMPTS.items()}
+    plain = run(make_engine(path, speculation="off"), requests)
+    rates = {}
+    for overlap in (False, True):
+        engine = make_engine(path, speculation="auto", overlap_decode=overlap)
+        assert engine.speculator is not None
+        engine.speculator.controller = controller_with_cost(0.02, 0.001, extra=0.2)
+        assert run(engine, requests) == plain
+        rates[overlap] = engine.speculator.controller.global_rates
+        assert (engine.stats.steps_launched_ahead > 30) == overlap
+    assert rates[True] == rates[False] and rates[True]
