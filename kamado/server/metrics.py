@@ -61,6 +61,11 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "kamado_generation_tokens", "Tokens generated", value=s.generation_tokens_total
         )
+        yield CounterMetricFamily(
+            "kamado_decode_steps_launched_ahead",
+            "Decode steps queued before the previous step's tokens were read (overlap_decode)",
+            value=s.steps_launched_ahead,
+        )
         yield from _prefix_cache_metrics(s)
         yield from _speculation_metrics(s)
 

@@ -201,6 +201,7 @@ def test_health_and_metrics(smol_server):
         "kamado_kv_cache_usage_ratio",
         "kamado_prompt_tokens_total",
         "kamado_generation_tokens_total",
+        "kamado_decode_steps_launched_ahead_total",
         "kamado_time_to_first_token_seconds_bucket",
         "kamado_inter_token_latency_seconds_bucket",
         "kamado_bare_json_tool_calls_total",
