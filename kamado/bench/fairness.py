@@ -36,6 +36,7 @@ class Gap:
     # output handling, the benchmark's loop and the OS) and the prompt tokens it carried.
     step_seconds: float
     prefill_tokens: int
+    prefill_layers: int  # of a chunk going a few layers a step (0: none, or every layer)
     gc_seconds: float  # garbage collections during the step
     cpu_threads: int  # threads the step computed with (0 on an accelerator)
     step: int  # the engine's step count: the streams' gaps that one step ended share it
@@ -98,7 +99,7 @@ class Streams:
                     self.gaps.append(
                         Gap(now - self.last[d.request_id], self.length[d.request_id],
                             stats.last_step_seconds, stats.last_step_prefill_tokens,
-                            gc_seconds, threads, stats.steps)
+                            stats.last_step_prefill_layers, gc_seconds, threads, stats.steps)
                     )  # fmt: skip
                 self.last[d.request_id] = now
         return {d.request_id for d in deltas}
@@ -116,9 +117,10 @@ class Streams:
 
 
 def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fairness:
+    # Made first: 131k random ids take tens of ms, which would land inside a gap.
+    long_prompt = random_prompts(1, prompt_len, engine.model_config.vocab_size, seed=2)[0]
     streams = Streams(engine)
     before = streams.alone(ALONE_STEPS)
-    long_prompt = random_prompts(1, prompt_len, engine.model_config.vocab_size, seed=2)[0]
     engine.add_request("long", long_prompt, SamplingParams(temperature=0.0, max_tokens=1))
     start, started = len(streams.gaps), time.perf_counter()
     computed_before, reported = engine.stats.prompt_tokens_total, started
@@ -174,6 +176,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
                 gap_ms=g.seconds * 1e3,
                 step_ms=g.step_seconds * 1e3,
                 prefill_tokens=g.prefill_tokens,
+                prefill_layers=g.prefill_layers,
                 gc_ms=g.gc_seconds * 1e3,
                 cpu_threads=g.cpu_threads,
                 context=g.context,
@@ -209,8 +212,9 @@ def run_fairness(
         )
         configs.append(("unpaced chunked prefill", unpaced))
     for label, config in configs:
-        # Each step carries at least one prompt token, so the streams grow by at most
-        # about the prompt's length while it is prefilled.
+        # The streams grow a token a step while the prompt is prefilled. Paced chunks go
+        # a few layers a step, but grow to tens of tokens and more, so a long prompt takes
+        # fewer steps than it has tokens; twice its length is room enough.
         config.max_model_len = 2 * prompt_len + 1024
         # Gaps are per token: speculation's several tokens a step would blur what pacing does.
         config.speculation = "off"
@@ -228,8 +232,9 @@ def run_fairness(
         for g in r.worst_gaps[:3]:
             print(
                 f"  a {g['ratio']:.2f}x gap: {g['gap_ms']:.1f} ms, of which the forward pass "
-                f"{g['step_ms']:.1f} ms, with {g['prefill_tokens']} prompt tokens on "
-                f"{g['cpu_threads']} threads; garbage collection {g['gc_ms']:.1f} ms",
+                f"{g['step_ms']:.1f} ms, with {g['prefill_tokens']} prompt tokens"
+                + (f" through {g['prefill_layers']} layers" if g["prefill_layers"] else "")
+                + f" on {g['cpu_threads']} threads; garbage collection {g['gc_ms']:.1f} ms",
                 flush=True,
             )
         results.append(asdict(r))

@@ -21,7 +21,7 @@ from kamado.engine.model_runner import Launched, ModelRunner, Verified
 from kamado.engine.outputs import TokenDelta
 from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sampling_params import SamplingParams
-from kamado.engine.scheduler import Scheduler
+from kamado.engine.scheduler import ScheduledSeq, Scheduler
 from kamado.engine.sequence import Sequence, Status
 from kamado.kv.block_pool import BlockPool
 from kamado.kv.disk_tier import DiskTier
@@ -57,6 +57,7 @@ class EngineStats:
     last_step_decodes: int = 0
     last_step_prefill_tokens: int = 0
     last_step_draft_tokens: int = 0
+    last_step_prefill_layers: int = 0  # of a chunk going a few layers a step; 0: none
     # Decode steps queued before the previous step's tokens were read (overlap_decode).
     steps_launched_ahead: int = 0
     # Prefix cache: prompt tokens looked up, and those found on the device, in host RAM or
@@ -84,6 +85,33 @@ class EngineStats:
     spec_drafted_tokens: dict[str, int] = field(default_factory=dict)
     spec_accepted_tokens: dict[str, int] = field(default_factory=dict)
     spec_verified_drafts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class StepWork:
+    """What a step carried, as the pacer and the stats count it."""
+
+    num_decodes: int
+    num_drafted: int
+    prefill_tokens: int  # prompt tokens through every layer
+    staged: list[tuple[int, int]]  # (tokens, layers) of chunks through some of the layers
+    staged_tokens_done: int  # tokens of staged chunks whose last layer ran
+
+    @classmethod
+    def of(cls, batch: list[ScheduledSeq]) -> StepWork:
+        whole = [item for item in batch if item.layers is None]
+        staged = [item for item in batch if item.layers is not None]
+        num_decodes = sum(
+            1 for item in whole if item.samples and item.num_new - len(item.draft) == 1
+        )
+        num_drafted = sum(len(item.draft) for item in whole)
+        return cls(
+            num_decodes,
+            num_drafted,
+            sum(item.num_new for item in whole) - num_decodes - num_drafted,
+            [(item.num_new, len(item.layers)) for item in staged if item.layers is not None],
+            sum(item.num_new for item in staged if item.completes),
+        )
 
 
 class EngineCore:
@@ -133,6 +161,7 @@ class EngineCore:
             config.max_num_seqs,
             config.max_num_batched_tokens,
             self.pacer,
+            self.model_config.num_layers,
             self.speculator,
         )
         self.eos_token_ids = set(self.model_config.eos_token_ids)
@@ -303,21 +332,20 @@ class EngineCore:
         seconds = collected - max(launched.started, self._last_collected)
         self._last_collected = collected
         batch = launched.batch
-        num_decodes = sum(
-            1 for item in batch if item.samples and item.num_new - len(item.draft) == 1
-        )
-        num_drafted = sum(len(item.draft) for item in batch)
-        num_prefill = sum(item.num_new for item in batch) - num_decodes - num_drafted
+        work = StepWork.of(batch)
         # Verification belongs to the decode side: a decode step with drafts is the normal
-        # gap the pacer keeps prefill chunks beside.
-        self.pacer.observe(num_decodes, num_prefill, seconds)
-        if self.speculator is not None and not num_prefill:
+        # gap the pacer keeps prompt work beside.
+        self.pacer.observe(work.num_decodes, work.prefill_tokens, seconds, work.staged)
+        if self.speculator is not None and not work.prefill_tokens and not work.staged:
             # Drafting (in schedule) counts too: a draft model's passes cost per token.
             total = time.perf_counter() - scheduling
-            self.speculator.observe_step(num_decodes + num_drafted, num_drafted, total)
+            self.speculator.observe_step(
+                work.num_decodes + work.num_drafted, work.num_drafted, total
+            )
         for item in batch:
-            if item.seq.status is Status.FINISHED:
-                continue  # it ended (or was aborted) while this step was in flight
+            if item.seq.status is Status.FINISHED or not item.completes:
+                continue  # it ended (or was aborted) while in flight, or has layers to go
+            item.seq.staged = None
             forks_now = item.samples and item.seq.pending_forks
             before = item.seq.num_computed
             item.seq.num_computed += item.num_new - len(item.draft)
@@ -332,7 +360,7 @@ class EngineCore:
             for item in self._in_flight.batch:  # its input tokens are in now
                 self.speculator.propose_late(item.seq)
         num_generated = sum(len(d.new_token_ids) for d in deltas)
-        self._update_stats(num_decodes, num_prefill, num_drafted, num_generated, seconds)
+        self._update_stats(work, num_generated, seconds)
         return deltas
 
     def _launch_ahead(self, step: Launched) -> Launched | None:
@@ -444,18 +472,16 @@ class EngineCore:
             return "length"
         return None
 
-    def _update_stats(
-        self, num_decodes: int, num_prefill: int, num_drafted: int, num_generated: int,
-        seconds: float,
-    ) -> None:  # fmt: skip
+    def _update_stats(self, work: StepWork, num_generated: int, seconds: float) -> None:
         s = self.stats
-        s.prompt_tokens_total += num_prefill
+        s.prompt_tokens_total += work.prefill_tokens + work.staged_tokens_done
         s.generation_tokens_total += num_generated
         s.steps += 1
         s.last_step_seconds = seconds
-        s.last_step_decodes = num_decodes
-        s.last_step_prefill_tokens = num_prefill
-        s.last_step_draft_tokens = num_drafted
+        s.last_step_decodes = work.num_decodes
+        s.last_step_prefill_tokens = work.prefill_tokens + sum(t for t, _ in work.staged)
+        s.last_step_prefill_layers = sum(layers for _, layers in work.staged)
+        s.last_step_draft_tokens = work.num_drafted
 
     def snapshot(self) -> EngineStats:
         """Stats as of now (also between steps, e.g. after aborts)."""

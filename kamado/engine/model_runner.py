@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +18,7 @@ from kamado.engine.sequence import Sequence
 from kamado.kv.cache import KVCache
 from kamado.kv.quant import KVFormat
 from kamado.models.rope import RotaryEmbedding
-from kamado.models.transformer import StepContext, Transformer
+from kamado.models.transformer import ForwardPass, StepContext, Transformer
 from kamado.structured.guide import Guides
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ class ModelRunner:
             engine_config.attention_backend, self.device, model_config.sliding_window
         )
         self.rope = RotaryEmbedding(model_config, self.device)
-        self.forward: Callable[..., torch.Tensor] = self.model
+        self.forward: ForwardPass = self.model
         if engine_config.fused_kernels and self.device.type == "cuda":
             from kamado.models.fused_forward import FusedForward
 
@@ -103,12 +102,14 @@ class ModelRunner:
         device, and its position is one past the one `feed` computes.
         """
         started = time.perf_counter()
+        whole = [item for item in batch if item.layers is None]
+        staged = [item for item in batch if item.layers is not None]
         input_ids: list[int] = []
         positions: list[int] = []
         chunks: list[SeqChunk] = []
         rows: list[int] = []
         groups: list[tuple[Sequence, list[int]]] = []  # (sequence, draft): 1 + len(draft) rows
-        for item in batch:
+        for item in whole:
             seq = item.seq
             start = seq.num_computed + (1 if feed is not None else 0)
             end = start + item.num_new
@@ -126,26 +127,27 @@ class ModelRunner:
                     for target in (seq, *seq.pending_forks):
                         rows.append(last)
                         groups.append((target, []))
-        ids = feed.tokens_of([item.seq for item in batch]) if feed is not None else input_ids
+        # Staged chunks that finish their last layer sample after the rows above.
+        finishing = [item for item in staged if item.samples]
+        groups.extend((t, []) for item in finishing for t in (item.seq, *item.seq.pending_forks))
+        ids = feed.tokens_of([item.seq for item in whole]) if feed is not None else input_ids
         row_seqs = [seq for seq, draft in groups for _ in range(1 + len(draft))]
         masks = guides.prepare(row_seqs) if guides is not None else None
-        one_token_each = len(positions) == len(chunks)
-        if self.graphs is not None and one_token_each and self.graphs.fits(len(chunks)):
-            hidden = self.graphs.run(ids, positions, chunks)
-        else:
-            self.rope.reserve(max(positions) + 1)
-            metadata = self.backend.build_metadata(chunks, self.block_size)
-            ctx = StepContext(self.rope, self.backend, self.cache, metadata)
-            hidden = self.forward(
-                torch.as_tensor(ids, device=self.device),
-                torch.tensor(positions, device=self.device),
-                ctx,
-            )
-        one_row_each = len(positions) == len(groups) == len(batch)
+        sampled: list[torch.Tensor] = []  # final hidden states of the rows, in group order
+        if whole:
+            hidden = self._run_whole(ids, positions, chunks)
+            if rows:
+                sampled.append(hidden[self._row_index(rows)])
+        for item in staged:
+            last = self._run_staged(item)
+            if item.samples:
+                assert last is not None
+                sampled.extend([last[-1:]] * (1 + len(item.seq.pending_forks)))
+        one_row_each = not staged and len(positions) == len(groups) == len(batch)
         step = Launched(batch, groups, started, one_row_each)
-        if not rows:
+        if not sampled:
             return step
-        logits = self.model.logits(hidden[self._row_index(rows)])
+        logits = self.model.logits(sampled[0] if len(sampled) == 1 else torch.cat(sampled))
         if masks is not None:
             masks.apply(logits)  # where the logits are
         if all(plain_greedy(s.params) for s in row_seqs):
@@ -154,6 +156,47 @@ class ModelRunner:
         else:
             step.logits = logits
         return step
+
+    def _run_whole(
+        self, ids: list[int] | torch.Tensor, positions: list[int], chunks: list[SeqChunk]
+    ) -> torch.Tensor:
+        """Every layer for the flat batch of `chunks`: from a CUDA graph where one fits (a
+        token each), eagerly otherwise. Returns the final hidden states of every token."""
+        if (
+            self.graphs is not None
+            and len(positions) == len(chunks)
+            and self.graphs.fits(len(chunks))
+        ):
+            return self.graphs.run(ids, positions, chunks)
+        self.rope.reserve(max(positions) + 1)
+        metadata = self.backend.build_metadata(chunks, self.block_size)
+        ctx = StepContext(self.rope, self.backend, self.cache, metadata)
+        return self.forward(
+            torch.as_tensor(ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            ctx,
+        )
+
+    def _run_staged(self, item: ScheduledSeq) -> torch.Tensor | None:
+        """A staged chunk through `item.layers`, writing its K/V layer by layer; its
+        residual stream waits in seq.staged for the next layers. Returns the final hidden
+        states once the last layer is done."""
+        seq, chunk, layers = item.seq, item.seq.staged, item.layers
+        assert chunk is not None and layers is not None and layers.start == chunk.next_layer
+        start, end = seq.num_computed, seq.num_computed + chunk.num_tokens
+        self.rope.reserve(end)
+        metadata = self.backend.build_metadata(
+            [SeqChunk(chunk.num_tokens, end, seq.block_table)], self.block_size
+        )
+        ctx = StepContext(self.rope, self.backend, self.cache, metadata)
+        if chunk.state is None:
+            chunk.state = self.forward.embed(
+                torch.tensor(seq.token_ids[start:end], device=self.device)
+            )
+        positions = torch.arange(start, end, device=self.device)
+        state = self.forward.run_layers(chunk.state, positions, ctx, layers)
+        chunk.state, chunk.next_layer = state, layers.stop
+        return self.forward.final_norm(state) if item.completes else None
 
     @torch.inference_mode()
     def collect(self, step: Launched) -> list[Verified]:

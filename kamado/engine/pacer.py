@@ -1,25 +1,31 @@
-"""Sizes prefill chunks so that running decodes keep their pace beside a long prompt.
+"""Paces prompts beside running decodes, so the decodes keep their pace.
 
-A step that carries decodes and a prefill chunk may take at most `factor` times a
-decode-only step. The pacer measures both from real steps: the decode-only step time,
-and what a chunk adds to it. That extra time is modelled as a fixed part (a chunk makes
-every matmul taller and adds its own attention calls, whatever its size) plus a part per
-token (which grows with the context the chunk attends to), fitted over recent steps. The
-next chunk is sized so the fitted cost plus the fit's typical error stays in the slack;
-when the fixed part alone overruns it, the chunk gets the slack on top of the fixed part
-(for a follow-up turn, from half the slack on, as long as the fixed part again, at most the
-slack).
-Where the mixed steps cannot tell the two parts apart (every chunk the same size, as when
+A step that carries decodes and prompt work may take at most `factor` times a
+decode-only step (the normal gap, the median of recent decode-only steps). The pacer
+measures what prompt work adds to a step and sizes the next piece of it to the slack.
+
+A long prompt goes a few layers per step (`staged_chunk_tokens`, `staged_layers`): a
+chunk's tokens run through some of the layers in one step and through the next ones in
+the steps after. One layer of a chunk costs a fixed part (reading that layer's weights,
+its kernel launches, reading its K/V of the context) plus a part per token; the two are
+fitted over recent steps. A new chunk is sized so STAGED_TARGET_LAYERS of its layers fit
+the slack, and each step runs as many of its layers as fit. Splitting by layers is what
+keeps a step short deep into a long prompt, where even one token through every layer
+reads the whole context's K/V and would take longer than the slack.
+
+An agent's follow-up turn (at most SHORT_TURN_TOKENS new prompt tokens) runs through
+every layer in one step (`prefill_limit`) and may stretch steps to `short_factor`: its
+time to first token is what the agent waits on, and a few longer gaps of the other
+streams finish it within a few steps. Its chunk's extra time is modelled the same way,
+a fixed part plus a part per token, over whole chunks. When the fixed part takes half
+the slack or more, the chunk gets as long again on top, at most the slack.
+Where the steps cannot tell the two parts apart (every chunk the same size, as when
 one-token chunks already overran the slack), the cost per token of recent prefill-only
 steps stands in for the slope.
 
-An agent's follow-up turn (at most SHORT_TURN_TOKENS new prompt tokens) may stretch steps
-to `short_factor` instead: its time to first token is what the agent waits on, and a few
-longer gaps of the other streams finish it within a few steps. Long prompts keep `factor`.
-
 With speculation, a decode's draft tokens belong to the decode side: a step of decodes
 and verifications is a decode-only step (the normal gap of a stream that speculates), and
-only prompt tokens count as prefill, so verification never passes for prefill work.
+only prompt tokens count as prompt work, so verification never passes for it.
 """
 
 from __future__ import annotations
@@ -27,13 +33,19 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
+
+Point = tuple[int, float]  # (chunk tokens, seconds the chunk added to the step)
 
 
 class PrefillPacer:
-    REMEASURE_EVERY = 64  # mixed steps between fresh decode-only measurements
-    WINDOW = 32  # recent mixed steps the cost model is fitted on
+    REMEASURE_EVERY = 64  # steps with prompt work between fresh decode-only measurements
+    DECODE_WINDOW = 9  # decode-only steps whose median is the normal gap
+    WINDOW = 32  # recent steps with prompt work the cost models are fitted on
     MIN_CHUNK = 1  # progress is guaranteed even when one token already costs too much
     MAX_GROWTH = 2  # a chunk is at most twice the largest one measured: no wild extrapolation
+    FIRST_STAGED_CHUNK = 16  # tokens of a staged chunk before any was measured
+    STAGED_TARGET_LAYERS = 2  # a new staged chunk is sized for this many layers a step
     EMA = 0.3
     PRIOR_MIN_TOKENS = 256  # prefill-only steps this large measure the cost per token
     SHORT_TURN_TOKENS = 2048
@@ -42,80 +54,150 @@ class PrefillPacer:
         self.factor = factor
         self.short_factor = max(factor, short_factor if short_factor is not None else factor)
         self.max_tokens = max_tokens
-        self.decode_step_s: float | None = None
         self.prefill_token_s: float | None = None  # per token, from prefill-only steps
-        self._mixed: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)  # (tokens, extra s)
-        self._mixed_since_measure = 0
+        self._decode_steps: deque[float] = deque(maxlen=self.DECODE_WINDOW)
+        self._mixed: deque[Point] = deque(maxlen=self.WINDOW)  # whole chunks
+        self._staged: deque[Point] = deque(maxlen=self.WINDOW)  # per layer of staged chunks
+        self._since_measure = 0
 
-    def prefill_limit(self, num_decodes: int, short_turn: bool = False) -> int:
-        """Prefill tokens allowed in the next step beside `num_decodes` decodes (for a short
-        follow-up turn, with `short_turn`)."""
-        factor = self.short_factor if short_turn else self.factor
-        if num_decodes == 0 or math.isinf(factor):
+    @property
+    def paces(self) -> bool:
+        """Whether prompts beside decodes are paced at all (a finite factor)."""
+        return not math.isinf(self.factor)
+
+    @property
+    def decode_step_s(self) -> float | None:
+        """The normal gap: the median of recent decode-only steps. A median, because one
+        slow step (a new prompt admitted, a collection) must not widen every slack after."""
+        return statistics.median(self._decode_steps) if self._decode_steps else None
+
+    def _measure_first(self) -> bool:
+        """Whether the next step should be decode-only, to learn (again) the normal gap."""
+        return not self._decode_steps or self._since_measure >= self.REMEASURE_EVERY
+
+    def _slack(self, factor: float) -> float:
+        assert self.decode_step_s is not None
+        return (factor - 1.0) * self.decode_step_s
+
+    # ---- follow-up turns: whole chunks ------------------------------------------------
+
+    def prefill_limit(self, num_decodes: int) -> int:
+        """Tokens of a follow-up turn allowed through every layer in the next step beside
+        `num_decodes` decodes (any prompt's, without decodes)."""
+        if num_decodes == 0 or math.isinf(self.short_factor):
             return self.max_tokens
-        if self.decode_step_s is None or self._mixed_since_measure >= self.REMEASURE_EVERY:
-            return 0  # take one decode-only step to learn what a normal gap is
+        if self._measure_first():
+            return 0
         if not self._mixed:
             return self.MIN_CHUNK
         fixed, per_token, error = self.cost_model()
-        slack = (factor - 1.0) * self.decode_step_s
-        # Where a chunk's fixed part alone overruns the slack (a mixed step runs eagerly
-        # beside decodes replayed from CUDA graphs), a one-token chunk stalls the streams
-        # about as long as a chunk worth the slack: take the slack's worth, so prefill still
-        # moves. A follow-up turn does so already where the fixed part takes half the slack:
-        # its first token is what an agent waits on (with the fixed part just under the
-        # slack, follow-ups crawled at a token a step). A long prompt keeps to the factor
-        # where it can: with this rule for every prompt, the 16k CPU fairness run's median
-        # gap was 1.51x (1.30x before).
+        slack = self._slack(self.short_factor)
+        # Where a chunk's fixed part takes half the slack or more (a mixed step runs
+        # eagerly beside decodes replayed from CUDA graphs), a one-token chunk stalls the
+        # streams nearly as long as a chunk worth the slack: the tokens get as long again
+        # as the fixed part, at most the slack, so the turn does not crawl a token a step.
         overhead = fixed + error
-        overrun = overhead >= (slack / 2 if short_turn else slack)
-        usable = max(slack - overhead, min(overhead, slack)) if overrun else slack - overhead
-        fits = int(usable / per_token)
+        usable = slack - overhead
+        if overhead >= slack / 2:
+            usable = max(usable, min(overhead, slack))
         largest = max(tokens for tokens, _ in self._mixed)
-        return max(self.MIN_CHUNK, min(self.max_tokens, fits, self.MAX_GROWTH * largest))
+        return self._clamp(int(usable / per_token), largest)
 
     def cost_model(self) -> tuple[float, float, float]:
-        """(fixed s, s per token, typical error s) of the time a chunk adds to a step."""
+        """(fixed s, s per token, typical error s) of the time a whole chunk adds to a step."""
         # A one-token chunk beside decodes is one more decode row (on a GPU, replayed in the
         # decode graph: 21.5 ms beside two decodes at 100k, against 28.9 ms for two tokens),
         # so it is off the line of longer chunks: fitted only while nothing longer was seen.
         points = [(t, e) for t, e in self._mixed if t > 1] or list(self._mixed)
-        mean_t = statistics.fmean(t for t, _ in points)
-        mean_e = statistics.fmean(e for _, e in points)
-        spread = sum((t - mean_t) ** 2 for t, _ in points)
-        fixed, per_token = 0.0, mean_e / mean_t  # the average, unless a slope shows
-        slope = sum((t - mean_t) * (e - mean_e) for t, e in points) / spread if spread else 0.0
-        intercept = mean_e - slope * mean_t
-        if slope > 0 and intercept >= 0 and _stands_out(points, slope, intercept, spread):
-            fixed, per_token = intercept, slope
-        elif self.prefill_token_s is not None and self.prefill_token_s < per_token:
-            # The sizes seen cannot separate the parts: take the slope prefill alone shows.
-            fixed, per_token = mean_e - self.prefill_token_s * mean_t, self.prefill_token_s
-        per_token = max(per_token, 1e-6)
-        residuals = [e - fixed - per_token * t for t, e in points]
-        error = statistics.pstdev(residuals) if len(residuals) > 1 else 0.0
-        return fixed, per_token, error
+        return _fit(points, self.prefill_token_s)
 
-    def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
+    # ---- long prompts: chunks a few layers a step -------------------------------------
+
+    def staged_chunk_tokens(self) -> int:
+        """Tokens of a new chunk of a long prompt, to go a few layers per step."""
+        if not self._staged:
+            return min(self.FIRST_STAGED_CHUNK, self.max_tokens)
+        fixed, per_token, error = self.layer_cost_model()
+        per_layer = self._slack(self.factor) / self.STAGED_TARGET_LAYERS
+        if fixed + error >= per_layer:
+            per_layer = self._slack(self.factor)  # one layer a step, then
+        largest = max(tokens for tokens, _ in self._staged)
+        return self._clamp(int((per_layer - fixed - error) / per_token), largest)
+
+    def staged_layers(self, num_tokens: int) -> int:
+        """Layers of a staged chunk of `num_tokens` to run in the next step beside decodes;
+        0 for a decode-only step first, to measure the normal gap."""
+        if self._measure_first():
+            return 0
+        if not self._staged or num_tokens > max(t for t, _ in self._staged):
+            return 1  # a size never measured: one layer shows what it costs
+        fixed, per_token, error = self.layer_cost_model()
+        return max(1, int(self._slack(self.factor) / (fixed + error + per_token * num_tokens)))
+
+    def layer_cost_model(self) -> tuple[float, float, float]:
+        """(fixed s, s per token, typical error s) of one layer of a staged chunk."""
+        return _fit(list(self._staged), None)
+
+    # ---- measurements -----------------------------------------------------------------
+
+    def observe(
+        self,
+        num_decodes: int,
+        num_prefill_tokens: int,
+        seconds: float,
+        staged: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        """A finished step: its decodes, the prompt tokens it ran through every layer, and
+        the (tokens, layers) of each chunk it ran through some of them (`staged`)."""
         if not num_decodes:
             # Says nothing about a decode's pace, but what prefill costs a token.
-            if num_prefill_tokens >= self.PRIOR_MIN_TOKENS:
+            if num_prefill_tokens >= self.PRIOR_MIN_TOKENS and not staged:
                 self.prefill_token_s = self._ema(self.prefill_token_s, seconds / num_prefill_tokens)
             return
-        if not num_prefill_tokens:
-            self.decode_step_s = self._ema(self.decode_step_s, seconds)
-            self._mixed_since_measure = 0
-        elif self.decode_step_s is not None:
-            self._mixed.append((num_prefill_tokens, max(seconds - self.decode_step_s, 0.0)))
-            self._mixed_since_measure += 1
+        if not num_prefill_tokens and not staged:
+            self._decode_steps.append(seconds)
+            self._since_measure = 0
+            return
+        normal = self.decode_step_s
+        if normal is None:
+            return
+        extra = max(seconds - normal, 0.0)
+        self._since_measure += 1
+        if not staged:
+            self._mixed.append((num_prefill_tokens, extra))
+        elif not num_prefill_tokens and len(staged) == 1:
+            tokens, layers = staged[0]
+            self._staged.append((tokens, extra / layers))
+
+    def _clamp(self, tokens: int, largest: int) -> int:
+        return max(self.MIN_CHUNK, min(self.max_tokens, tokens, self.MAX_GROWTH * largest))
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.EMA) * old + self.EMA * new
 
 
-def _stands_out(
-    points: list[tuple[int, float]], slope: float, intercept: float, spread: float
-) -> bool:
+def _fit(points: list[Point], prior_per_token: float | None) -> tuple[float, float, float]:
+    """(fixed s, s per token, typical error s) of a line through (tokens, extra s) points.
+    Without a slope that stands out from the noise, the cost is taken as all per token
+    (the average), or, where `prior_per_token` is cheaper, as that slope plus the rest."""
+    mean_t = statistics.fmean(t for t, _ in points)
+    mean_e = statistics.fmean(e for _, e in points)
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    fixed, per_token = 0.0, mean_e / mean_t
+    slope = sum((t - mean_t) * (e - mean_e) for t, e in points) / spread if spread else 0.0
+    intercept = mean_e - slope * mean_t
+    if slope > 0 and intercept >= 0 and _stands_out(points, slope, intercept, spread):
+        fixed, per_token = intercept, slope
+    elif prior_per_token is not None and prior_per_token < per_token:
+        # The sizes seen cannot separate the parts: take the slope prefill alone shows.
+        fixed, per_token = mean_e - prior_per_token * mean_t, prior_per_token
+    per_token = max(per_token, 1e-6)
+    residuals = [e - fixed - per_token * t for t, e in points]
+    error = statistics.pstdev(residuals) if len(residuals) > 1 else 0.0
+    return fixed, per_token, error
+
+
+def _stands_out(points: list[Point], slope: float, intercept: float, spread: float) -> bool:
     """Whether a fitted slope is more than twice its standard error. Chunks of nearly one
     size fit a slope that is mostly step-time noise, and a slope too steep holds chunks at
     one token for as long as it stays in the window."""

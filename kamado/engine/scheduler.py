@@ -1,7 +1,11 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each.
 
 Every step carries all running decodes first; prefill (chunked) fills what is left of
-the token budget, paced so decodes are never frozen. A new sequence starts from whatever
+the token budget, paced so decodes are never frozen. Beside decodes, a long prompt goes
+a few layers per step: one chunk of it at a time runs through the layers the pacer
+allows, and its tokens count as computed once the last layer is done. An agent's short
+follow-up turn goes through every layer at once, as does every prompt when nothing
+decodes. A new sequence starts from whatever
 leading blocks the prefix cache holds for it. When KV blocks run out, the newest sequence
 is preempted: its blocks are freed (full ones stay cached) and it is recomputed later
 from its tokens, ahead of new arrivals. New arrivals are admitted session by session
@@ -23,7 +27,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from kamado.engine.pacer import PrefillPacer
-from kamado.engine.sequence import Sequence, Status
+from kamado.engine.sequence import Sequence, StagedChunk, Status
 from kamado.kv.block_pool import BlockPool
 from kamado.kv.prefix_cache import PrefixCache
 from kamado.spec.speculator import Speculator
@@ -34,27 +38,14 @@ class ScheduledSeq:
     seq: Sequence
     num_new: int  # tokens computed this step, drafts included
     draft: list[int] = field(default_factory=list)  # verified after the sequence's tokens
+    # A staged chunk's layers run this step (its seq.staged); None: every layer at once.
+    layers: range | None = None
+    completes: bool = True  # the tokens have been through every layer after this step
 
     @property
     def samples(self) -> bool:
         """The step reaches the sequence's last token, so a next token is sampled."""
-        return self.num_new - len(self.draft) == self.seq.num_uncomputed
-
-
-@dataclass
-class PrefillBudget:
-    """Prompt tokens a step may still take: `paced` for any prompt, up to `short` in all
-    while an agent's short follow-up turn is among them (the pacer's looser bound)."""
-
-    paced: int
-    short: int
-
-    def left(self, short_turn: bool) -> int:
-        return self.short if short_turn else self.paced
-
-    def spend(self, num_tokens: int) -> None:
-        self.paced = max(0, self.paced - num_tokens)
-        self.short -= num_tokens
+        return self.completes and self.num_new - len(self.draft) == self.seq.num_uncomputed
 
 
 class Scheduler:
@@ -66,6 +57,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         pacer: PrefillPacer,
+        num_layers: int,
         speculator: Speculator | None = None,
     ) -> None:
         self.pool = pool
@@ -74,6 +66,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pacer = pacer
+        self.num_layers = num_layers
         self.speculator = speculator
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -98,21 +91,28 @@ class Scheduler:
         num_decodes = len(batch)
         if self.speculator is not None and batch:
             self._add_drafts(batch)
+        # Beside decodes, long prompts go a few layers a step (_stage); whole chunks are
+        # for short follow-up turns, and for every prompt when nothing decodes.
+        staging = num_decodes > 0 and self.pacer.paces
         room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
-        budget = PrefillBudget(
-            min(room, self.pacer.prefill_limit(num_decodes)),
-            min(room, self.pacer.prefill_limit(num_decodes, short_turn=True)),
-        )
+        budget = min(room, self.pacer.prefill_limit(num_decodes))
         for seq in self._prefilling():
-            num_new = min(seq.num_uncomputed, budget.left(self._short_turn(seq)))
-            if num_new <= 0:
+            if staging and not self._short_turn(seq):
                 continue
-            if not self._reserve(seq, num_new):
-                break
-            batch.append(ScheduledSeq(seq, num_new))
-            budget.spend(num_new)
+            if seq.staged is not None:  # decodes ended: its chunk finishes its layers
+                item = self._staged_item(seq, self.num_layers)
+            else:
+                num_new = min(seq.num_uncomputed, budget)
+                if num_new <= 0:
+                    continue
+                if not self._reserve(seq, num_new):
+                    break
+                item = ScheduledSeq(seq, num_new)
+            batch.append(item)
+            budget -= item.num_new
         deferred: set[int] = set()
-        while self.waiting and budget.left(True) > 0 and len(self.running) < self.max_num_seqs:
+        # Beside decodes a long prompt is admitted whatever the budget: it takes none.
+        while self.waiting and (budget > 0 or staging) and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting(deferred)
             if seq is None:
                 break  # the rest wait for their blocks: back from host RAM or disk, or computed
@@ -124,7 +124,7 @@ class Scheduler:
                     deferred.add(id(seq))  # admitted once the other one has computed them
                     continue
                 cached = found.num_tokens(self.block_size)
-                num_new = min(seq.num_tokens - cached, budget.left(self._short_turn(seq, cached)))
+                num_new = self._first_chunk(seq, budget, staging, cached)
                 if num_new <= 0:
                     break
                 # Matched blocks nobody reads now count as free until this sequence takes them.
@@ -135,8 +135,11 @@ class Scheduler:
                 self.prefix.acquire(seq, found)
                 if seq.restore is not None:
                     continue  # it runs once its blocks are back; others go on meanwhile
-            num_new = min(seq.num_uncomputed, budget.left(self._short_turn(seq)))
-            if num_new <= 0 or not self._reserve(seq, num_new):
+            staged = staging and not self._short_turn(seq)
+            num_new = self._first_chunk(seq, budget, staging)
+            # A long prompt beside decodes is admitted without a chunk: _stage picks and
+            # reserves the one chunk that goes a few layers this step.
+            if num_new <= 0 or not (staged or self._reserve(seq, num_new)):
                 # Less was restored, or others took the room: what it holds stays cached.
                 self.free(seq)
                 seq.num_computed = 0
@@ -145,13 +148,55 @@ class Scheduler:
             self._note_admitted(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            batch.append(ScheduledSeq(seq, num_new))
-            budget.spend(num_new)
+            if not staged:
+                batch.append(ScheduledSeq(seq, num_new))
+                budget -= num_new
+        if staging and len(batch) == num_decodes:
+            self._stage(batch)
         if not batch and len(self.running) > 1:
             # Partly prefilled prompts hold every block and none can grow: make room.
             self.preempt(max(self.running, key=lambda s: s.arrival))
             return self.schedule()
         return batch
+
+    def _first_chunk(
+        self, seq: Sequence, budget: int, staging: bool, cached: int | None = None
+    ) -> int:
+        """Tokens a sequence being admitted computes first: a long prompt beside decodes,
+        one staged chunk; any other, what the budget leaves. `cached`: as in _short_turn."""
+        left = seq.num_uncomputed if cached is None else seq.num_tokens - cached
+        if staging and not self._short_turn(seq, cached):
+            return min(left, self.pacer.staged_chunk_tokens())
+        return min(left, budget)
+
+    def _stage(self, batch: list[ScheduledSeq]) -> None:
+        """Add one chunk of a long prompt, through the layers the pacer allows beside the
+        decodes in `batch`: the chunk under way, else a new one of the long prompt with the
+        fewest tokens left (a chunk keeps its size till its last layer)."""
+        prompts = [s for s in self._prefilling() if not self._short_turn(s)]
+        if not prompts:
+            return
+        seq = next((s for s in prompts if s.staged is not None), prompts[0])
+        if seq.staged is None:
+            room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
+            num_tokens = min(seq.num_uncomputed, self.pacer.staged_chunk_tokens(), room)
+            if num_tokens <= 0 or not self.pacer.staged_layers(num_tokens):
+                return
+            if not self._reserve(seq, num_tokens):
+                return  # blocks come free as decodes finish
+            seq.staged = StagedChunk(num_tokens)
+        layers = self.pacer.staged_layers(seq.staged.num_tokens)
+        if layers:
+            batch.append(self._staged_item(seq, layers))
+
+    def _staged_item(self, seq: Sequence, num_layers: int) -> ScheduledSeq:
+        """The next `num_layers` layers (at most those left) of the sequence's staged chunk."""
+        assert seq.staged is not None
+        first = seq.staged.next_layer
+        last = min(first + num_layers, self.num_layers)
+        return ScheduledSeq(
+            seq, seq.staged.num_tokens, layers=range(first, last), completes=last == self.num_layers
+        )
 
     def schedule_ahead(
         self, decoding: list[Sequence], continuing: list[Sequence]
@@ -256,6 +301,8 @@ class Scheduler:
         self.num_preemptions += 1
 
     def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks; a staged chunk's K/V goes with them."""
+        seq.staged = None
         self.prefix.release(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:

@@ -12,6 +12,17 @@ from kamado.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from kamado.kv.block_tokens import TokenMatch
     from kamado.kv.tier_transfers import Restore
+    from kamado.models.transformer import LayerState
+
+
+@dataclass
+class StagedChunk:
+    """A prompt chunk computed a few layers per step beside decodes: its K/V is written
+    up to `next_layer`, and its residual stream waits in `state` for the layers after."""
+
+    num_tokens: int
+    next_layer: int = 0
+    state: LayerState | None = None
 
 
 class Status(enum.Enum):
@@ -43,6 +54,8 @@ class Sequence:
     partial: TokenMatch | None = None
     # Choices 1..n-1 of a request wait here until choice 0 has prefilled the shared prompt.
     pending_forks: list[Sequence] = field(default_factory=list)
+    # A prompt chunk part way through the layers; its tokens count as computed once done.
+    staged: StagedChunk | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kamado.models.fused_kernels import qk_norm_rope, rms_norm, silu_mul
-from kamado.models.transformer import StepContext, Transformer
+from kamado.models.transformer import LayerState, StepContext, Transformer, full_pass
 
 
 class FusedForward:
@@ -20,6 +20,7 @@ class FusedForward:
         c = model.config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.eps = c.rms_norm_eps
+        self.num_layers = c.num_layers
         self.layers = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -42,11 +43,21 @@ class FusedForward:
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: StepContext
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden], as Transformer."""
-        t = input_ids.shape[0]
+        return full_pass(self, input_ids, positions, ctx)
+
+    def embed(self, input_ids: torch.Tensor) -> LayerState:
+        return self.model.model.embed_tokens(input_ids), None
+
+    def run_layers(
+        self, state: LayerState, positions: torch.Tensor, ctx: StepContext, layers: range
+    ) -> LayerState:
+        """Layers in `layers`; the state is (the last MLP's output, the residual before it),
+        kept apart so the next add+RMSNorm rounds as it does in one pass."""
+        x, residual = state
+        t = x.shape[0]
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        x = self.model.model.embed_tokens(input_ids)
-        residual = None
-        for i, w in enumerate(self.layers):
+        for i in layers:
+            w = self.layers[i]
             h, residual = rms_norm(x, w["input_norm"], self.eps, residual)
             qkv = w["qkv"](h)
             qk_norm_rope(
@@ -60,5 +71,9 @@ class FusedForward:
             x = w["o"](out.reshape(t, q_dim))
             h, residual = rms_norm(x, w["post_norm"], self.eps, residual)
             x = w["down"](silu_mul(w["gate_up"](h)))
+        return x, residual
+
+    def final_norm(self, state: LayerState) -> torch.Tensor:
+        x, residual = state
         hidden, _ = rms_norm(x, self.model.model.norm.weight, self.eps, residual)
         return hidden

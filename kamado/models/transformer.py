@@ -10,7 +10,7 @@ projection for a compressed one; the forward pass uses whichever is there.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +100,39 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+# The residual stream between layers: the hidden states, and where a pass keeps the
+# residual apart from them (the fused pass adds it inside its next norm), that residual.
+LayerState = tuple[torch.Tensor, torch.Tensor | None]
+
+
+class ForwardPass(Protocol):
+    """A forward pass in three parts, so a prompt chunk can run a few layers per step:
+    `embed`, then `run_layers` over consecutive ranges of layers, then `final_norm`."""
+
+    num_layers: int
+
+    def embed(self, input_ids: torch.Tensor) -> LayerState: ...
+
+    def run_layers(
+        self, state: LayerState, positions: torch.Tensor, ctx: StepContext, layers: range
+    ) -> LayerState: ...
+
+    def final_norm(self, state: LayerState) -> torch.Tensor: ...
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: StepContext
+    ) -> torch.Tensor: ...
+
+
+def full_pass(
+    forward: ForwardPass, input_ids: torch.Tensor, positions: torch.Tensor, ctx: StepContext
+) -> torch.Tensor:
+    """input_ids, positions: [T] -> final hidden states [T, hidden], through every layer."""
+    state = forward.embed(input_ids)
+    state = forward.run_layers(state, positions, ctx, range(forward.num_layers))
+    return forward.final_norm(state)
+
+
 class StepContext:
     """What every layer needs for one forward pass besides its input."""
 
@@ -132,14 +165,29 @@ class Transformer(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: StepContext
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
-        x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            x = layer(x, positions, ctx)
-        return self.model.norm(x)
+        return full_pass(self, input_ids, positions, ctx)
+
+    def embed(self, input_ids: torch.Tensor) -> LayerState:
+        return self.model.embed_tokens(input_ids), None
+
+    def run_layers(
+        self, state: LayerState, positions: torch.Tensor, ctx: StepContext, layers: range
+    ) -> LayerState:
+        x, _ = state
+        for i in layers:
+            x = self.model.layers[i](x, positions, ctx)
+        return x, None
+
+    def final_norm(self, state: LayerState) -> torch.Tensor:
+        return self.model.norm(state[0])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

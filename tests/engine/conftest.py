@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
+from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sampling_params import SamplingParams
 from tests.tiny_models import ARCHITECTURES, save_tiny_hf_model
 
@@ -65,3 +66,22 @@ def run(engine: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]
 
 def greedy(n: int, **extra) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **extra)
+
+
+class FixedPacer(PrefillPacer):
+    """A fixed schedule whatever the steps take: long prompts (more than `long` new tokens)
+    in chunks of `chunk` tokens, `layers` layers a step; follow-ups `short` tokens a step."""
+
+    def __init__(self, chunk: int, layers: int, short: int, long: int) -> None:
+        super().__init__(1.25, 512)
+        self.chunk, self.layers, self.short = chunk, layers, short
+        self.SHORT_TURN_TOKENS = long
+
+    def prefill_limit(self, num_decodes: int) -> int:
+        return self.short if num_decodes else self.max_tokens
+
+    def staged_chunk_tokens(self) -> int:
+        return self.chunk
+
+    def staged_layers(self, num_tokens: int) -> int:
+        return self.layers

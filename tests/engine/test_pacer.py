@@ -99,13 +99,12 @@ def test_one_token_chunks_that_overrun_the_slack_learn_the_slope_from_prefill_al
     assert pacer.prefill_limit(3) == 4
 
 
-def test_a_short_turn_may_stretch_the_step_further_than_a_long_prompt():
+def test_a_follow_up_turn_stretches_steps_to_the_short_factor():
     pacer = PrefillPacer(1.25, 2048, short_factor=2.0)
     pacer.observe(3, 0, 0.040)
     for tokens in (4, 8, 16, 32):  # 1 ms fixed, 0.25 ms a token
         pacer.observe(3, tokens, 0.040 + 0.001 + 0.00025 * tokens)
-    assert pacer.prefill_limit(3) == 36  # (10 ms slack - 1 ms) / 0.25 ms
-    assert pacer.prefill_limit(3, short_turn=True) == 64  # 39 ms would fit; twice 32 seen
+    assert pacer.prefill_limit(3) == 64  # 40 ms of slack would fit 156; twice 32 seen
 
 
 def test_one_token_chunks_are_off_the_line_of_longer_ones():
@@ -121,10 +120,10 @@ def test_one_token_chunks_are_off_the_line_of_longer_ones():
     # A line through one and two tokens charges 7.4 ms a token: chunks stayed at one token.
     # Off that line, the fixed part (14.25 ms) is nearly all of the 14.4 ms slack, so the
     # tokens get as long again: the chunk grows, capped at twice the largest seen.
-    assert pacer.prefill_limit(2, short_turn=True) == 4
+    assert pacer.prefill_limit(2) == 4
     for tokens in (4, 8, 16, 32, 64):
         pacer.observe(2, tokens, 0.0144 + 0.0145 + 0.0001 * tokens)
-    assert pacer.prefill_limit(2, short_turn=True) == 128
+    assert pacer.prefill_limit(2) == 128
 
 
 def test_a_slope_that_does_not_stand_out_from_the_noise_is_not_trusted():
@@ -139,13 +138,52 @@ def test_a_slope_that_does_not_stand_out_from_the_noise_is_not_trusted():
     assert per_token == pytest.approx(0.000125)  # the prefill-alone slope, not the fit's 1.2 ms
 
 
-def test_a_long_prompt_keeps_to_the_factor_where_a_follow_up_may_stretch():
-    pacer = PrefillPacer(1.5, 2048, short_factor=1.5)  # the same factor for both
+def test_one_slow_decode_step_does_not_widen_the_slack():
+    pacer = PrefillPacer(1.25, 2048)
+    for seconds in (0.040, 0.041, 0.400, 0.039, 0.040):  # one step also admitted a prompt
+        pacer.observe(3, 0, seconds)
+    assert pacer.decode_step_s == pytest.approx(0.040)
+
+
+def test_a_staged_chunk_starts_small_and_runs_one_layer_after_the_normal_gap_is_known():
+    pacer = PrefillPacer(1.25, 2048)
+    assert pacer.staged_chunk_tokens() == PrefillPacer.FIRST_STAGED_CHUNK
+    assert pacer.staged_layers(16) == 0  # a decode-only step comes first, to measure
     pacer.observe(3, 0, 0.040)
-    for tokens in (4, 8, 16, 32):  # 15 ms fixed, 0.1 ms a token
-        pacer.observe(3, tokens, 0.040 + 0.015 + 0.0001 * tokens)
-    # 20 ms of slack: a long prompt's tokens get what the fixed part leaves (5 ms); a
-    # follow-up's, with the fixed part over half the slack, as long as the fixed part
-    # (15 ms, 150 tokens), capped at twice the largest chunk seen.
-    assert pacer.prefill_limit(3) == pytest.approx(50, abs=1)
-    assert pacer.prefill_limit(3, short_turn=True) == 64
+    assert pacer.staged_layers(16) == 1
+
+
+def test_staged_chunks_are_sized_per_layer_to_the_slack():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens, layers in ((4, 1), (8, 3), (16, 2), (32, 1)):  # 1 ms + 0.1 ms a token a layer
+        pacer.observe(3, 0, 0.040 + layers * (0.001 + 0.0001 * tokens), [(tokens, layers)])
+    fixed, per_token, error = pacer.layer_cost_model()
+    assert (fixed, per_token) == (pytest.approx(0.001), pytest.approx(0.0001))
+    assert error == pytest.approx(0.0, abs=1e-9)
+    # 10 ms of slack, two layers a step: 5 ms a layer, 1 ms fixed leaves 40 tokens.
+    assert pacer.staged_chunk_tokens() == pytest.approx(40, abs=1)
+    assert pacer.staged_layers(40) == 1  # larger than any chunk measured: one layer first
+    assert pacer.staged_layers(32) == 2  # 4.2 ms a layer
+    assert pacer.staged_layers(16) == 3  # 2.6 ms a layer
+
+
+def test_a_layer_whose_fixed_part_overruns_half_the_slack_is_sized_for_one_layer_a_step():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens in (8, 16, 32, 64):  # 6 ms a layer fixed (the context's K/V), 0.05 ms a token
+        pacer.observe(3, 0, 0.040 + 0.006 + 0.00005 * tokens, [(tokens, 1)])
+    # Two layers cannot fit 10 ms; one layer leaves 4 ms: 80 tokens.
+    assert pacer.staged_chunk_tokens() == pytest.approx(80, abs=1)
+    assert pacer.staged_layers(64) == 1
+
+
+def test_steps_with_prompt_work_count_towards_measuring_the_normal_gap_again():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for _ in range(PrefillPacer.REMEASURE_EVERY):
+        pacer.observe(3, 0, 0.045, [(16, 1)])
+    assert pacer.staged_layers(16) == 0
+    assert pacer.prefill_limit(3) == 0
+    pacer.observe(3, 0, 0.040)
+    assert pacer.staged_layers(16) > 0

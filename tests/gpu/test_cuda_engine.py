@@ -4,6 +4,7 @@ Triton backend, CUDA graphs and fused kernels against the torch backend and plai
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ pytest.importorskip("triton")
 from kamado.config import EngineConfig  # noqa: E402
 from kamado.engine.core import EngineCore  # noqa: E402
 from kamado.engine.sampling_params import SamplingParams  # noqa: E402
+from tests.engine.conftest import FixedPacer  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 PROMPT_LENS = [7, 300, 1000, 2500]
@@ -101,7 +103,7 @@ def test_decode_launched_ahead_gives_the_tokens_of_one_step_at_a_time():
             EngineConfig(
                 model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
                 kv_cache_bytes=1 << 30, max_num_seqs=8, overlap_decode=overlap,
-                speculation="off",
+                speculation="off", decode_stall_factor=float("inf"),  # a fixed schedule
             )
         )  # fmt: skip
         tokens: dict[str, list[int]] = {}
@@ -119,6 +121,61 @@ def test_decode_launched_ahead_gives_the_tokens_of_one_step_at_a_time():
     assert runs[True] == runs[False]
     assert [len(t) for t in runs[True].values()] == [GEN_LEN, 6, GEN_LEN - 10, GEN_LEN - 15]
     assert ahead[False] == 0 and ahead[True] > 0
+
+
+CHUNK = 253  # the long prompts' chunks in both runs: 256 tokens a step less 3 decodes
+
+
+def staged_beside_streams(staged: bool, logprobs: int | None) -> tuple[dict, list[int]]:
+    """Three streams decode, then two long prompts arrive and go in chunks of CHUNK
+    tokens: through 5 layers a step if `staged`, else through every layer at once.
+    Returns each request's tokens (or logprobs) and the layers of each step's chunk."""
+    engine = EngineCore(
+        EngineConfig(
+            model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
+            kv_cache_bytes=1 << 30, max_num_seqs=8, max_num_batched_tokens=CHUNK + 3,
+            speculation="off", decode_stall_factor=1.25 if staged else float("inf"),
+        )
+    )  # fmt: skip
+    if staged:
+        engine.pacer = engine.scheduler.pacer = FixedPacer(CHUNK, 5, short=CHUNK, long=2048)
+    params = SamplingParams(temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True, logprobs=logprobs)
+    for i in range(3):
+        prompt = [(i * 31 + j * 17) % 30000 + 100 for j in range(9)]
+        engine.add_request(f"s{i}", prompt, replace(params, max_tokens=400))
+    tokens: dict[str, list] = {}
+    layers = []
+    for step in range(10_000):
+        if step == 5:
+            for i, n in enumerate((3000, 5000)):
+                prompt = [(i * 7919 + j * 104729) % 30000 + 100 for j in range(n)]
+                engine.add_request(f"p{i}", prompt, params)
+        for delta in engine.step():
+            tokens.setdefault(delta.request_id, []).extend(
+                delta.logprobs if logprobs is not None else delta.new_token_ids
+            )
+        layers.append(engine.stats.last_step_prefill_layers)
+        if not engine.has_work():
+            break
+    assert engine.pool.num_used == 0
+    return tokens, layers
+
+
+def test_prompts_staged_beside_decodes_follow_prompts_prefilled_whole():
+    # Same chunks either way: what differs is that a staged chunk's residual stream waits
+    # between steps, in its own pass beside the decodes' graph.
+    reference, _ = staged_beside_streams(staged=False, logprobs=2)
+    tokens, layers = staged_beside_streams(staged=True, logprobs=None)
+    assert max(layers) == 5
+    matched = 0
+    for rid in ("p0", "p1", "s0"):
+        for entry, token in zip(reference[rid], tokens[rid], strict=True):
+            if entry.token_id != token:
+                runner_up = dict(entry.top)
+                assert token in runner_up and entry.logprob - runner_up[token] < BF16_TIE
+                break
+            matched += 1
+    assert matched >= GEN_LEN
 
 
 def test_a_dropped_engine_frees_its_device_and_pinned_memory():

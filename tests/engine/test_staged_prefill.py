@@ -1,0 +1,166 @@
+"""Long prompts beside decodes go a few layers per step: same tokens as whole chunks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kamado.engine.core import EngineCore
+from kamado.engine.sampling_params import SamplingParams
+from tests.engine.conftest import FixedPacer, greedy, make_engine, tiny_hf_model
+
+NUM_LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory) -> dict[str, str]:
+    out = {}
+    for arch in ("qwen3", "llama"):
+        path = tmp_path_factory.mktemp(f"four-layer-{arch}")
+        tiny_hf_model(arch, path, num_hidden_layers=NUM_LAYERS)
+        out[arch] = str(path)
+    return out
+
+
+def paced(path: str, chunk: int, layers: int, **options) -> EngineCore:
+    engine = make_engine(path, speculation="off", **options)
+    # Prompts of more than 32 new tokens are long; fewer, follow-ups of 8 tokens a step.
+    engine.pacer = engine.scheduler.pacer = FixedPacer(chunk, layers, short=8, long=32)
+    return engine
+
+
+def whole(path: str, **options) -> EngineCore:
+    return make_engine(path, speculation="off", decode_stall_factor=float("inf"), **options)
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(512) for _ in range(length)]
+
+
+STREAMS = {f"stream{i}": (prompt(i, 5 + i), greedy(40)) for i in range(3)}
+LONG_PROMPT = ("long", (prompt(10, 150), greedy(12)))
+
+
+def drive(engine: EngineCore, arrivals: dict[int, dict]) -> tuple[dict, list[tuple]]:
+    """Run to completion, adding arrivals[k] before step k. Returns the tokens of each
+    request's choices and, per step, (decodes, prompt tokens, prompt layers)."""
+    out: dict[str, dict[int, list[int]]] = {}
+    trace = []
+    step = 0
+    while engine.has_work() or step in arrivals:
+        for request_id, (tokens, params) in arrivals.get(step, {}).items():
+            engine.add_request(request_id, tokens, params)
+        for delta in engine.step():
+            out.setdefault(delta.request_id, {}).setdefault(delta.index, []).extend(
+                delta.new_token_ids
+            )
+        s = engine.stats
+        trace.append((s.last_step_decodes, s.last_step_prefill_tokens, s.last_step_prefill_layers))
+        step += 1
+    return out, trace
+
+
+def long_beside_streams(long: tuple = LONG_PROMPT) -> dict[int, dict]:
+    return {0: dict(STREAMS), 3: dict([long])}
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("chunk,layers", [(7, 1), (16, 3), (1, 2), (40, NUM_LAYERS)])
+def test_a_staged_prompt_gives_the_tokens_of_whole_chunks(four_layers, arch, chunk, layers):
+    path = four_layers[arch]
+    expected, _ = drive(whole(path), long_beside_streams())
+    engine = paced(path, chunk, layers)
+    got, trace = drive(engine, long_beside_streams())
+    assert got == expected
+    # The long prompt went a few layers a step beside the streams' decodes.
+    staged = [t for t in trace if t[0] == 3 and t[2] > 0]
+    assert staged and all(t[2] <= layers for t in staged)
+    assert engine.pool.num_used == 0
+
+
+def test_a_chunk_left_when_decodes_end_finishes_its_layers_in_one_step(four_layers):
+    path = four_layers["qwen3"]
+    streams = {f"short{i}": (prompt(i, 6), greedy(3)) for i in range(2)}
+    arrivals = {0: streams, 2: dict([LONG_PROMPT])}
+    expected, _ = drive(whole(path), arrivals)
+    got, trace = drive(paced(path, 9, 1), arrivals)
+    assert got == expected
+    # With no decodes left, a chunk part way through runs its remaining layers at once.
+    assert any(decodes == 0 and 1 < layers < NUM_LAYERS for decodes, _, layers in trace)
+
+
+def test_a_follow_up_overtakes_a_long_prompt_going_by_layers(four_layers):
+    path = four_layers["llama"]
+    follow_up = ("follow-up", (prompt(20, 20), greedy(4)))
+    arrivals = {0: dict(STREAMS), 3: dict([LONG_PROMPT]), 10: dict([follow_up])}
+    expected, _ = drive(whole(path), arrivals)
+    engine = paced(path, 5, 1)
+    first_token: dict[str, int] = {}
+    step = 0
+    while engine.has_work() or step in arrivals:
+        for request_id, (tokens, params) in arrivals.get(step, {}).items():
+            engine.add_request(request_id, tokens, params)
+        for delta in engine.step():
+            first_token.setdefault(delta.request_id, step)
+        step += 1
+    # The follow-up ran whole 8-token chunks while the long prompt's chunks waited.
+    assert first_token["follow-up"] < first_token["long"]
+    assert first_token["follow-up"] - 10 <= 4
+    got, _ = drive(paced(path, 5, 1), arrivals)
+    assert got == expected
+
+
+def test_preemption_part_way_through_a_chunk_drops_it_and_changes_no_token(four_layers):
+    path = four_layers["qwen3"]
+    options = {"kv_cache_bytes": 56 * 4 * 2 * NUM_LAYERS * 2 * 32 * 4, "block_size": 4}
+    arrivals = long_beside_streams()
+    expected, _ = drive(whole(path), arrivals)
+    engine = paced(path, 12, 1, **options)
+    got, _ = drive(engine, arrivals)
+    assert got == expected
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.pool.num_used == 0
+
+
+def test_an_abort_part_way_through_a_chunk_frees_its_blocks(four_layers):
+    path = four_layers["llama"]
+    engine = paced(path, 16, 1, enable_prefix_caching=False)
+    for request_id, (tokens, params) in STREAMS.items():
+        engine.add_request(request_id, tokens, params)
+    engine.step()
+    engine.step()
+    used_by_streams = engine.pool.num_used
+    engine.add_request(*LONG_PROMPT[:1], *LONG_PROMPT[1])
+    long_seq = engine._requests["long"][0]
+    while long_seq.staged is None or long_seq.staged.next_layer < 2:
+        engine.step()
+    assert engine.pool.num_used > used_by_streams
+    engine.abort("long")
+    assert long_seq.staged is None
+    engine.step()  # the streams' blocks may grow by one each in a step
+    assert engine.pool.num_used <= used_by_streams + len(STREAMS)
+    while engine.has_work():
+        engine.step()
+    assert engine.pool.num_used == 0
+
+
+def test_the_prefix_cache_serves_a_prompt_computed_by_layers(four_layers):
+    path = four_layers["qwen3"]
+    engine = paced(path, 16, 2)
+    first, _ = drive(engine, long_beside_streams())
+    again, _ = drive(engine, {0: {"again": LONG_PROMPT[1]}})
+    assert again["again"] == first["long"]
+    seq_tokens = LONG_PROMPT[1][0]
+    assert engine.prefix.stats.device_hit_tokens >= len(seq_tokens) - 16
+
+
+def test_choices_fork_from_a_prompt_computed_by_layers(four_layers):
+    path = four_layers["llama"]
+    params = SamplingParams(temperature=0.8, seed=5, n=3, max_tokens=8)
+    long = ("long", (prompt(10, 100), params))
+    expected, _ = drive(whole(path), long_beside_streams(long))
+    got, _ = drive(paced(path, 11, 3), long_beside_streams(long))
+    assert got == expected
+    assert len(got["long"]) == 3
