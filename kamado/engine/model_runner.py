@@ -11,6 +11,7 @@ import torch
 from kamado.attention.backend import SeqChunk, make_backend
 from kamado.config import EngineConfig, ModelConfig
 from kamado.engine.outputs import TokenLogprob
+from kamado.engine.pacer import chunk_sizes
 from kamado.engine.sampler import Sampler, SampleRow
 from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import ScheduledSeq
@@ -56,12 +57,28 @@ class ModelRunner:
             self._compile_attention_kernels(model_config, dtype)
             if engine_config.cuda_graphs:
                 self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)
+            self._warm_chunk_shapes(engine_config.max_num_batched_tokens, num_blocks)
 
     def _compile_attention_kernels(self, model_config: ModelConfig, dtype: torch.dtype) -> None:
         from kamado.attention.triton_backend import TritonAttention
 
         if isinstance(self.backend, TritonAttention):
             self.backend.compile_kernels(self.cache, model_config.num_heads, dtype)
+
+    @torch.inference_mode()
+    def _warm_chunk_shapes(self, max_tokens: int, num_blocks: int) -> None:
+        """Run a chunk of each size a staged chunk takes through the first layer once: the
+        first matmul of a new shape is slow (see chunk_sizes), and would stall the decodes
+        beside it. The K/V it writes lands in free blocks, which nothing reads before it
+        writes them again."""
+        for size in chunk_sizes(min(max_tokens, num_blocks * self.block_size)):
+            blocks = list(range(-(-size // self.block_size)))
+            metadata = self.backend.build_metadata([SeqChunk(size, size, blocks)], self.block_size)
+            ctx = StepContext(self.rope, self.backend, self.cache, metadata)
+            state = self.forward.embed(torch.zeros(size, dtype=torch.long, device=self.device))
+            positions = torch.arange(size, device=self.device)
+            self.forward.run_layers(state, positions, ctx, range(1))
+        torch.cuda.synchronize(self.device)
 
     def _capture_decode_graphs(
         self, engine_config: EngineConfig, model_config: ModelConfig, num_blocks: int

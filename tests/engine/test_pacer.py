@@ -2,7 +2,7 @@
 
 import pytest
 
-from kamado.engine.pacer import PrefillPacer
+from kamado.engine.pacer import PrefillPacer, chunk_sizes
 
 
 def test_without_decodes_prefill_takes_the_whole_budget():
@@ -161,8 +161,9 @@ def test_staged_chunks_are_sized_per_layer_to_the_slack():
     fixed, per_token, error = pacer.layer_cost_model()
     assert (fixed, per_token) == (pytest.approx(0.001), pytest.approx(0.0001))
     assert error == pytest.approx(0.0, abs=1e-9)
-    # 10 ms of slack, two layers a step: 5 ms a layer, 1 ms fixed leaves 40 tokens.
-    assert pacer.staged_chunk_tokens() == pytest.approx(40, abs=1)
+    # 10 ms of slack, two layers a step: 5 ms a layer, 1 ms fixed leaves 40 tokens, and the
+    # chunk takes the size below that of the few it may take (chunk_sizes).
+    assert pacer.staged_chunk_tokens() == 32
     assert pacer.staged_layers(40) == 1  # larger than any chunk measured: one layer first
     assert pacer.staged_layers(32) == 2  # 4.2 ms a layer
     assert pacer.staged_layers(16) == 3  # 2.6 ms a layer
@@ -173,8 +174,8 @@ def test_a_layer_whose_fixed_part_overruns_half_the_slack_is_sized_for_one_layer
     pacer.observe(3, 0, 0.040)
     for tokens in (8, 16, 32, 64):  # 6 ms a layer fixed (the context's K/V), 0.05 ms a token
         pacer.observe(3, 0, 0.040 + 0.006 + 0.00005 * tokens, [(tokens, 1)])
-    # Two layers cannot fit 10 ms; one layer leaves 4 ms: 80 tokens.
-    assert pacer.staged_chunk_tokens() == pytest.approx(80, abs=1)
+    # Two layers cannot fit 10 ms; one layer leaves 4 ms: 80 tokens, a chunk of 64.
+    assert pacer.staged_chunk_tokens() == 64
     assert pacer.staged_layers(64) == 1
 
 
@@ -187,3 +188,12 @@ def test_steps_with_prompt_work_count_towards_measuring_the_normal_gap_again():
     assert pacer.prefill_limit(3) == 0
     pacer.observe(3, 0, 0.040)
     assert pacer.staged_layers(16) > 0
+
+
+def test_staged_chunks_take_few_sizes_two_a_doubling():
+    assert chunk_sizes(100) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens in (16, 24, 32):  # 0.2 ms a token a layer: 25 tokens a layer in 5 ms
+        pacer.observe(3, 0, 0.040 + 0.0002 * tokens, [(tokens, 1)])
+    assert pacer.staged_chunk_tokens() == 24
