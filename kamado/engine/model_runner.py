@@ -73,6 +73,7 @@ class ModelRunner:
         writes them again."""
         for size in chunk_sizes(min(max_tokens, num_blocks * self.block_size)):
             blocks = list(range(-(-size // self.block_size)))
+            self.rope.reserve(size)
             metadata = self.backend.build_metadata([SeqChunk(size, size, blocks)], self.block_size)
             ctx = StepContext(self.rope, self.backend, self.cache, metadata)
             state = self.forward.embed(torch.zeros(size, dtype=torch.long, device=self.device))
@@ -112,7 +113,9 @@ class ModelRunner:
         A sequence that finishes its prompt while siblings wait to fork from it samples
         one row per sibling from the same logits. Rows of constrained sequences are masked
         by `guides`, whose masks are computed while the model runs. A sequence with draft
-        tokens samples a row at each of them as well (see `verify`).
+        tokens samples a row at each of them as well (see `verify`). An item with `layers`
+        is a staged chunk: it runs those layers in a pass of its own after the others, and
+        samples after their rows once its last layer is done.
 
         With `feed`, every item is the next decode of a sequence in that step, which has
         not been collected yet: its input token is read where `feed` sampled it, on the

@@ -5,9 +5,9 @@ the token budget, paced so decodes are never frozen. Beside decodes, a long prom
 a few layers per step: one chunk of it at a time runs through the layers the pacer
 allows, and its tokens count as computed once the last layer is done. An agent's short
 follow-up turn goes through every layer at once, as does every prompt when nothing
-decodes. A new sequence starts from whatever
-leading blocks the prefix cache holds for it. When KV blocks run out, the newest sequence
-is preempted: its blocks are freed (full ones stay cached) and it is recomputed later
+decodes. A new sequence starts from whatever leading blocks the prefix cache holds for it.
+When KV blocks run out, the newest sequence is preempted: its blocks are freed (full ones
+stay cached), a chunk part way through its layers is dropped, and it is recomputed later
 from its tokens, ahead of new arrivals. New arrivals are admitted session by session
 (the one running least goes first), so one agent's burst cannot starve the others. One
 whose cached prefix continues in host RAM or on disk waits, holding the blocks being
@@ -177,15 +177,16 @@ class Scheduler:
         if not prompts:
             return
         seq = next((s for s in prompts if s.staged is not None), prompts[0])
-        if seq.staged is None:
+        if seq.staged is not None:
+            layers = self.pacer.staged_layers(seq.staged.num_tokens)
+        else:
             room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
             num_tokens = min(seq.num_uncomputed, self.pacer.staged_chunk_tokens(), room)
-            if num_tokens <= 0 or not self.pacer.staged_layers(num_tokens):
+            layers = self.pacer.staged_layers(num_tokens) if num_tokens > 0 else 0
+            # Without blocks for it the chunk waits: blocks come free as decodes finish.
+            if not layers or not self._reserve(seq, num_tokens):
                 return
-            if not self._reserve(seq, num_tokens):
-                return  # blocks come free as decodes finish
             seq.staged = StagedChunk(num_tokens)
-        layers = self.pacer.staged_layers(seq.staged.num_tokens)
         if layers:
             batch.append(self._staged_item(seq, layers))
 
