@@ -19,7 +19,14 @@ from kamado.engine.sequence import Sequence
 from kamado.kv.cache import KVCache
 from kamado.kv.quant import KVFormat
 from kamado.models.rope import RotaryEmbedding
-from kamado.models.transformer import ForwardPass, StepContext, Transformer
+from kamado.models.transformer import (
+    ForwardPass,
+    LayerState,
+    StepContext,
+    Transformer,
+    join_states,
+    split_state,
+)
 from kamado.structured.guide import Guides
 
 if TYPE_CHECKING:
@@ -154,12 +161,16 @@ class ModelRunner:
         row_seqs = [seq for seq, draft in groups for _ in range(1 + len(draft))]
         masks = guides.prepare(row_seqs) if guides is not None else None
         sampled: list[torch.Tensor] = []  # final hidden states of the rows, in group order
+        # Beside an eager pass (not a CUDA graph's) a staged chunk joins it for its layers.
+        joins = len(staged) == 1 and whole and not self._graph_fits(positions, chunks)
+        joining = staged[0] if joins else None
+        joined: torch.Tensor | None = None
         if whole:
-            hidden = self._run_whole(ids, positions, chunks)
+            hidden, joined = self._run_whole(ids, positions, chunks, joining)
             if rows:
                 sampled.append(hidden[self._row_index(rows)])
         for item in staged:
-            last = self._run_staged(item)
+            last = joined if item is joining else self._run_staged(item)
             if item.samples:
                 assert last is not None
                 sampled.extend([last[-1:]] * (1 + len(item.seq.pending_forks)))
@@ -178,45 +189,80 @@ class ModelRunner:
         return step
 
     def _run_whole(
-        self, ids: list[int] | torch.Tensor, positions: list[int], chunks: list[SeqChunk]
-    ) -> torch.Tensor:
+        self,
+        ids: list[int] | torch.Tensor,
+        positions: list[int],
+        chunks: list[SeqChunk],
+        joining: ScheduledSeq | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Every layer for the flat batch of `chunks`: from a CUDA graph where one fits (a
-        token each), eagerly otherwise. Returns the final hidden states of every token."""
-        if (
+        token each), eagerly otherwise. A staged chunk `joining` the pass runs its layers
+        with the batch's rows, so their weights are read once. Returns the final hidden
+        states of every token, and those of the joining chunk once its last layer is done."""
+        if joining is None and self._graph_fits(positions, chunks):
+            return self.graphs.run(ids, positions, chunks), None  # type: ignore[union-attr]
+        ctx = self._context(chunks, max(positions) + 1)
+        ids_t = torch.as_tensor(ids, device=self.device)
+        pos = torch.tensor(positions, device=self.device)
+        if joining is None:
+            return self.forward(ids_t, pos, ctx), None
+        layers = joining.layers
+        assert layers is not None
+        staged, staged_pos, staged_chunk = self._staged_input(joining)
+        both_ctx = self._context(
+            [*chunks, staged_chunk], max(max(positions), staged_chunk.context_len - 1) + 1
+        )
+        state = self.forward.run_layers(self.forward.embed(ids_t), pos, ctx, range(layers.start))
+        both = self.forward.run_layers(
+            join_states(state, staged), torch.cat([pos, staged_pos]), both_ctx, layers
+        )
+        state, staged = split_state(both, len(positions))
+        state = self.forward.run_layers(
+            state, pos, ctx, range(layers.stop, self.forward.num_layers)
+        )
+        return self.forward.final_norm(state), self._staged_output(joining, staged)
+
+    def _graph_fits(self, positions: list[int], chunks: list[SeqChunk]) -> bool:
+        """A CUDA graph can run the batch: a token each, and a captured size fits."""
+        return (
             self.graphs is not None
             and len(positions) == len(chunks)
             and self.graphs.fits(len(chunks))
-        ):
-            return self.graphs.run(ids, positions, chunks)
-        self.rope.reserve(max(positions) + 1)
-        metadata = self.backend.build_metadata(chunks, self.block_size)
-        ctx = StepContext(self.rope, self.backend, self.cache, metadata)
-        return self.forward(
-            torch.as_tensor(ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            ctx,
         )
 
     def _run_staged(self, item: ScheduledSeq) -> torch.Tensor | None:
-        """A staged chunk through `item.layers`, writing its K/V layer by layer; its
-        residual stream waits in seq.staged for the next layers. Returns the final hidden
-        states once the last layer is done."""
-        seq, chunk, layers = item.seq, item.seq.staged, item.layers
-        assert chunk is not None and layers is not None and layers.start == chunk.next_layer
+        """A staged chunk through `item.layers` in a pass of its own (see _staged_output)."""
+        assert item.layers is not None
+        state, positions, chunk = self._staged_input(item)
+        ctx = self._context([chunk], chunk.context_len)
+        state = self.forward.run_layers(state, positions, ctx, item.layers)
+        return self._staged_output(item, state)
+
+    def _staged_input(self, item: ScheduledSeq) -> tuple[LayerState, torch.Tensor, SeqChunk]:
+        """A staged chunk's residual stream (its embeddings before its first layer), its
+        positions, and its place in the KV cache."""
+        seq, chunk = item.seq, item.seq.staged
+        assert chunk is not None and item.layers is not None
+        assert item.layers.start == chunk.next_layer
         start, end = seq.num_computed, seq.num_computed + chunk.num_tokens
-        self.rope.reserve(end)
-        metadata = self.backend.build_metadata(
-            [SeqChunk(chunk.num_tokens, end, seq.block_table)], self.block_size
-        )
-        ctx = StepContext(self.rope, self.backend, self.cache, metadata)
         if chunk.state is None:
-            chunk.state = self.forward.embed(
-                torch.tensor(seq.token_ids[start:end], device=self.device)
-            )
+            ids = torch.tensor(seq.token_ids[start:end], device=self.device)
+            chunk.state = self.forward.embed(ids)
         positions = torch.arange(start, end, device=self.device)
-        state = self.forward.run_layers(chunk.state, positions, ctx, layers)
-        chunk.state, chunk.next_layer = state, layers.stop
+        return chunk.state, positions, SeqChunk(chunk.num_tokens, end, seq.block_table)
+
+    def _staged_output(self, item: ScheduledSeq, state: LayerState) -> torch.Tensor | None:
+        """Keep a staged chunk's residual stream for its next layers (its K/V is written
+        up to them); return its final hidden states once the last layer is done."""
+        chunk = item.seq.staged
+        assert chunk is not None and item.layers is not None
+        chunk.state, chunk.next_layer = state, item.layers.stop
         return self.forward.final_norm(state) if item.completes else None
+
+    def _context(self, chunks: list[SeqChunk], num_positions: int) -> StepContext:
+        self.rope.reserve(num_positions)
+        metadata = self.backend.build_metadata(chunks, self.block_size)
+        return StepContext(self.rope, self.backend, self.cache, metadata)
 
     @torch.inference_mode()
     def collect(self, step: Launched) -> list[Verified]:

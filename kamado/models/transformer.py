@@ -133,6 +133,21 @@ def full_pass(
     return forward.final_norm(state)
 
 
+def join_states(first: LayerState, then: LayerState) -> LayerState:
+    """One state holding the rows of `first`, then those of `then` (both after as many
+    layers, so both keep their residual apart or neither does)."""
+    (x1, r1), (x2, r2) = first, then
+    assert (r1 is None) == (r2 is None)
+    return torch.cat([x1, x2]), None if r1 is None or r2 is None else torch.cat([r1, r2])
+
+
+def split_state(state: LayerState, num_rows: int) -> tuple[LayerState, LayerState]:
+    """The first `num_rows` rows of a state, and the rest."""
+    x, r = state
+    first = (x[:num_rows], None if r is None else r[:num_rows])
+    return first, (x[num_rows:], None if r is None else r[num_rows:])
+
+
 class StepContext:
     """What every layer needs for one forward pass besides its input."""
 

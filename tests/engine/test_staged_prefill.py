@@ -11,6 +11,7 @@ from kamado.engine.sampling_params import SamplingParams
 from tests.engine.conftest import FixedPacer, greedy, make_engine, tiny_hf_model
 
 NUM_LAYERS = 4
+MAX_STEPS = 3000  # every case here finishes in well under this
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,7 @@ def drive(engine: EngineCore, arrivals: dict[int, dict]) -> tuple[dict, list[tup
         s = engine.stats
         trace.append((s.last_step_decodes, s.last_step_prefill_tokens, s.last_step_prefill_layers))
         step += 1
+        assert step < MAX_STEPS, "the requests did not finish"
     return out, trace
 
 
@@ -105,6 +107,7 @@ def test_a_follow_up_overtakes_a_long_prompt_going_by_layers(four_layers):
         for delta in engine.step():
             first_token.setdefault(delta.request_id, step)
         step += 1
+        assert step < MAX_STEPS, "the requests did not finish"
     # The follow-up ran whole 8-token chunks while the long prompt's chunks waited.
     assert first_token["follow-up"] < first_token["long"]
     assert first_token["follow-up"] - 10 <= 4
@@ -134,7 +137,9 @@ def test_an_abort_part_way_through_a_chunk_frees_its_blocks(four_layers):
     used_by_streams = engine.pool.num_used
     engine.add_request(*LONG_PROMPT[:1], *LONG_PROMPT[1])
     long_seq = engine._requests["long"][0]
-    while long_seq.staged is None or long_seq.staged.next_layer < 2:
+    for _ in range(MAX_STEPS):
+        if long_seq.staged is not None and long_seq.staged.next_layer >= 2:
+            break
         engine.step()
     assert engine.pool.num_used > used_by_streams
     engine.abort("long")
