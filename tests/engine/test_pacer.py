@@ -197,3 +197,15 @@ def test_staged_chunks_take_few_sizes_two_a_doubling():
     for tokens in (16, 24, 32):  # 0.2 ms a token a layer: 25 tokens a layer in 5 ms
         pacer.observe(3, 0, 0.040 + 0.0002 * tokens, [(tokens, 1)])
     assert pacer.staged_chunk_tokens() == 24
+
+
+def test_a_size_that_ran_slower_than_the_line_gets_fewer_layers():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens in (8, 16, 32, 64):  # 0.1 ms a token a layer
+        pacer.observe(3, 0, 0.040 + 0.0001 * tokens, [(tokens, 1)])
+    assert pacer.staged_layers(16) == 6  # 10 ms of slack at 1.6 ms a layer
+    pacer.observe(3, 0, 0.040 + 2 * 0.004, [(16, 2)])  # but 16 tokens took 4 ms a layer
+    # The refitted line says 3.2 ms a layer; this size's own steps, 1.6 and 4 ms, say
+    # 2.8 ms give or take 1.2 ms: 2 layers.
+    assert pacer.staged_layers(16) == 2
