@@ -135,9 +135,13 @@ class PrefillPacer:
         per_layer = self._slack(self.factor) / self.STAGED_TARGET_LAYERS
         if fixed + error >= per_layer:
             per_layer = self._slack(self.factor)  # one layer a step, then
+        # At most one size above the largest measured: its first layer is a guess from
+        # the line (on CPU, doubling the size overran the slack 2.7x).
         largest = max(tokens for tokens, _ in self._staged)
-        tokens = self._clamp(int((per_layer - fixed - error) / per_token), largest)
-        return chunk_sizes(tokens)[-1]
+        sizes = chunk_sizes(self.max_tokens)
+        ceiling = next((n for n in sizes if n > largest), sizes[-1])
+        tokens = min(int((per_layer - fixed - error) / per_token), ceiling)
+        return chunk_sizes(max(tokens, self.MIN_CHUNK))[-1]
 
     def staged_layers(self, num_tokens: int) -> int:
         """Layers of a staged chunk of `num_tokens` to run in the next step beside decodes;

@@ -209,3 +209,11 @@ def test_a_size_that_ran_slower_than_the_line_gets_fewer_layers():
     # The refitted line says 3.2 ms a layer; this size's own steps, 1.6 and 4 ms, say
     # 2.8 ms give or take 1.2 ms: 2 layers.
     assert pacer.staged_layers(16) == 2
+
+
+def test_a_new_staged_chunk_is_at_most_one_size_above_the_largest_measured():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens in (4, 8, 16):  # 0.01 ms a token a layer: 500 tokens would fit two layers
+        pacer.observe(3, 0, 0.040 + 0.00001 * tokens, [(tokens, 1)])
+    assert pacer.staged_chunk_tokens() == 24
