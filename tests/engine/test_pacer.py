@@ -202,8 +202,8 @@ def test_staged_chunks_take_few_sizes_two_a_doubling():
 def test_a_size_that_ran_slower_than_the_line_gets_fewer_layers():
     pacer = PrefillPacer(1.25, 2048)
     pacer.observe(3, 0, 0.040)
-    for tokens in (8, 16, 32, 64):  # 0.1 ms a token a layer
-        pacer.observe(3, 0, 0.040 + 0.0001 * tokens, [(tokens, 1)])
+    for tokens in (8, 16, 32, 64):  # 0.1 ms a token a layer, four layers a step
+        pacer.observe(3, 0, 0.040 + 4 * 0.0001 * tokens, [(tokens, 4)])
     assert pacer.staged_layers(16) == 6  # 10 ms of slack at 1.6 ms a layer
     pacer.observe(3, 0, 0.040 + 2 * 0.004, [(16, 2)])  # but 16 tokens took 4 ms a layer
     # The refitted line says 3.2 ms a layer; this size's own steps, 1.6 and 4 ms, say
@@ -217,3 +217,13 @@ def test_a_new_staged_chunk_is_at_most_one_size_above_the_largest_measured():
     for tokens in (4, 8, 16):  # 0.01 ms a token a layer: 500 tokens would fit two layers
         pacer.observe(3, 0, 0.040 + 0.00001 * tokens, [(tokens, 1)])
     assert pacer.staged_chunk_tokens() == 24
+
+
+def test_a_size_runs_at_most_twice_the_layers_it_ran_before_in_a_step():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens in (8, 16, 32):  # 0.01 ms a token a layer: 10 ms fits dozens of layers
+        pacer.observe(3, 0, 0.040 + 0.00001 * tokens, [(tokens, 1)])
+    assert pacer.staged_layers(16) == 2
+    pacer.observe(3, 0, 0.040 + 2 * 0.00016, [(16, 2)])
+    assert pacer.staged_layers(16) == 4
