@@ -80,9 +80,7 @@ class ModelRunner:
         writes them again."""
         for size in chunk_sizes(min(max_tokens, num_blocks * self.block_size)):
             blocks = list(range(-(-size // self.block_size)))
-            self.rope.reserve(size)
-            metadata = self.backend.build_metadata([SeqChunk(size, size, blocks)], self.block_size)
-            ctx = StepContext(self.rope, self.backend, self.cache, metadata)
+            ctx = self._context([SeqChunk(size, size, blocks)], size)
             state = self.forward.embed(torch.zeros(size, dtype=torch.long, device=self.device))
             positions = torch.arange(size, device=self.device)
             self.forward.run_layers(state, positions, ctx, range(1))
@@ -121,8 +119,9 @@ class ModelRunner:
         one row per sibling from the same logits. Rows of constrained sequences are masked
         by `guides`, whose masks are computed while the model runs. A sequence with draft
         tokens samples a row at each of them as well (see `verify`). An item with `layers`
-        is a staged chunk: it runs those layers in a pass of its own after the others, and
-        samples after their rows once its last layer is done.
+        is a staged chunk: it runs those layers with the others' rows where their pass is
+        eager, in a pass of its own after a CUDA graph's, and samples after their rows once
+        its last layer is done.
 
         With `feed`, every item is the next decode of a sequence in that step, which has
         not been collected yet: its input token is read where `feed` sampled it, on the

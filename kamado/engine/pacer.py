@@ -141,8 +141,8 @@ class PrefillPacer:
         largest = max(tokens for tokens, _ in self._staged)
         sizes = chunk_sizes(self.max_tokens)
         ceiling = next((n for n in sizes if n > largest), sizes[-1])
-        tokens = min(int((per_layer - fixed - error) / per_token), ceiling)
-        return chunk_sizes(max(tokens, self.MIN_CHUNK))[-1]
+        fits = min(int((per_layer - fixed - error) / per_token), ceiling)
+        return max((n for n in sizes if n <= fits), default=sizes[0])
 
     def staged_layers(self, num_tokens: int) -> int:
         """Layers of a staged chunk of `num_tokens` to run in the next step beside decodes;
