@@ -137,7 +137,7 @@ class PrefillPacer:
         if fixed + error >= per_layer:
             per_layer = self._slack(self.factor)  # one layer a step, then
         # At most one size above the largest measured: its first layer is a guess from
-        # the line (on CPU, doubling the size overran the slack 2.7x).
+        # the line (on CPU, a first layer at twice the largest size made a 2.66x gap).
         largest = max(tokens for tokens, _ in self._staged)
         sizes = chunk_sizes(self.max_tokens)
         ceiling = next((n for n in sizes if n > largest), sizes[-1])
