@@ -58,8 +58,25 @@ def bytes_per_second(make: Callable[[], torch.nn.Module], x: torch.Tensor) -> fl
     return size / (ms / 1e3)
 
 
+class TorchInt4(torch.nn.Module):
+    """torch's own CUDA int4 matmul (aten._weight_int4pack_mm, group 128) as a peer for
+    Int4Linear: the same values, in the layout that kernel wants."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> None:
+        super().__init__()
+        pairs = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack(pairs, 8))
+        s = scales.float()  # torch computes w = (q - 8) * scale + zero
+        zeros = torch.stack([s, mins.float() + 8 * s], dim=-1).transpose(0, 1)
+        self.register_buffer("scale_zeros", zeros.contiguous().to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm(x, self.packed, 128, self.scale_zeros)
+
+
 def format_makers(w: torch.Tensor) -> list[Callable[[], torch.nn.Module]]:
-    """bf16, int8, fp8 and int4 (group 128) linears of w, each call a fresh copy."""
+    """bf16, int8, fp8 and int4 (group 128; ours, then torch's) linears of w, each call a
+    fresh copy."""
     n, k = w.shape
     int8, fp8, int4 = formats.quantize_int8(w), formats.quantize_fp8(w), formats.quantize_int4(w)
 
@@ -73,6 +90,7 @@ def format_makers(w: torch.Tensor) -> list[Callable[[], torch.nn.Module]]:
         lambda: Int8Linear(int8[0].clone(), int8[1], None),
         lambda: Fp8Linear(fp8[0].clone(), fp8[1], None),
         lambda: Int4Linear(int4[0], int4[1], int4[2], None),
+        lambda: TorchInt4(*int4),
     ]
 
 
@@ -80,7 +98,7 @@ def main() -> None:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; input rows {rows}; TB/s of weight bytes")
-    print(f"{'shape':>14s} {'bf16':>6s} {'int8':>6s} {'fp8':>6s} {'int4':>6s}")
+    print(f"{'shape':>14s} {'bf16':>6s} {'int8':>6s} {'fp8':>6s} {'int4':>6s} {'torch4':>6s}")
     for n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)

@@ -69,24 +69,24 @@ def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.float()[:, None]
 
 
-def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
-    """uint8 values 0..15 [out, in] -> int32 words [out, in // 8], a group's values in
-    group // 8 words: nibble i (bits 4i..4i+3) of word j holds element i * (group // 8) + j.
+# Bits 4i..4i+3 of a word hold its element WORD_ORDER[i]: the even elements in the low
+# half, the odd ones in the high half, so one shift and mask of the word yields elements
+# 2r and 2r + 1 side by side (what the CUDA kernel's tensor cores read as a pair).
+WORD_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
-    So the inputs that the nibbles at one position of a group's words multiply are a
-    contiguous slice of x, which the CUDA GEMV reads as one vector."""
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 values 0..15 [out, in] -> int32 words [out, in // 8]: word j holds elements
+    8j..8j+7, in WORD_ORDER."""
     out, inp = q.shape
-    per_plane = group // 8
-    planes = q.view(out, inp // group, 8, per_plane).to(torch.int32)
-    words = torch.zeros(out, inp // group, per_plane, dtype=torch.int32, device=q.device)
-    for i in range(8):
-        words |= planes[:, :, i] << (4 * i)
-    return words.view(out, inp // 8)
+    order = torch.tensor(WORD_ORDER, device=q.device)
+    nibbles = q.view(out, inp // 8, 8)[..., order].to(torch.int32)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
+    return (nibbles << shifts).sum(-1, dtype=torch.int32)  # disjoint bits: the sum is an OR
 
 
-def unpack_int4(words: torch.Tensor, group: int) -> torch.Tensor:
-    out = words.shape[0]
-    per_plane = group // 8
-    w = words.view(out, -1, 1, per_plane)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device).view(1, 1, 8, 1)
-    return ((w >> shifts) & 15).to(torch.uint8).view(out, -1)
+def unpack_int4(words: torch.Tensor) -> torch.Tensor:
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
+    nibbles = ((words[..., None] >> shifts) & 15).to(torch.uint8)
+    inverse = torch.argsort(torch.tensor(WORD_ORDER, device=words.device))
+    return nibbles[..., inverse].flatten(-2)

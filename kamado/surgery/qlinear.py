@@ -73,10 +73,10 @@ class Int4Linear(QuantizedLinear):
     ) -> None:
         super().__init__(q.shape[1], q.shape[0], bias)
         self.group = q.shape[1] // scales.shape[1]
-        if q.is_cuda:
-            self.register_buffer("packed", formats.pack_int4(q, self.group))
-            self.register_buffer("scales", scales)
-            self.register_buffer("mins", mins)
+        if q.is_cuda:  # triton_matmul.int4_matmul's layout
+            self.register_buffer("packed", formats.pack_int4(q))
+            scale_mins = torch.stack([scales, mins], dim=-1).to(torch.bfloat16)
+            self.register_buffer("scale_mins", scale_mins)
         else:
             packed, scale_zeros = cpu_matmul.pack_int4(q, scales, mins)
             self.register_buffer("packed", packed)
@@ -86,7 +86,7 @@ class Int4Linear(QuantizedLinear):
         if x.is_cuda:
             from kamado.surgery.triton_matmul import int4_matmul
 
-            return int4_matmul(x, self.packed, self.scales, self.mins, self.bias)
+            return int4_matmul(x, self.packed, self.scale_mins, self.bias)
         y = cpu_matmul.int4_grouped(x, self.packed, self.scale_zeros, self.group)
         return self._add_bias(y[:, : self.out_features])
 

@@ -17,6 +17,7 @@ Measured per shape on an H200: `python scripts/gemv_bandwidth.py`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +39,25 @@ _GROUPED_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
     for bn, bk, w in [(16, 512, 4), (32, 512, 8), (64, 256, 8), (32, 1024, 8), (64, 512, 8)]
 ]
-_INT4_CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "GROUPS_PER_STEP": g}, num_warps=w, num_stages=2)
-    for bn, g, w in [(8, 8, 4), (16, 4, 4), (16, 8, 8), (32, 4, 4), (32, 8, 4)]
-]
+_INT4_DOT_CONFIGS = [
+    triton.Config(
+        {"BLOCK_N": bn, "GROUPS_PER_STEP": g, "SWAP": swap, "SPLIT_K": split},
+        num_warps=w, num_stages=st,
+    )
+    for bn, g, swap, w, st, split in [
+        (64, 4, True, 4, 2, 1), (64, 4, True, 4, 3, 1), (32, 4, False, 4, 3, 1),
+        (64, 4, True, 4, 2, 2), (64, 4, True, 4, 2, 4), (64, 2, True, 4, 3, 8),
+        (32, 4, False, 4, 3, 4), (32, 2, False, 4, 3, 8), (16, 4, False, 4, 3, 8),
+    ]
+]  # fmt: skip
+# Split-K's float32 partial sums and arrival counts: one set per device, shared by every
+# call (the model's matmuls run one after another on one stream), sized at first use.
+SPLIT_MAX_OUT = 16384  # output rows up to which a matmul may split its inputs
+_SPLIT_MAX = 8
+_INT8_DOT_CONFIGS = [
+    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+    for bn, bk, w, st in [(16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3)]
+]  # fmt: skip
 _DOT_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=3)
     for bn, bk in [(64, 256), (64, 512), (32, 256), (32, 512)]
@@ -119,47 +135,173 @@ def _grouped_kernel(
     _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
-@triton.jit
-def _int4_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
-    K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUPS_PER_STEP: tl.constexpr,
-):  # fmt: skip
-    """out[m, rows] = sum over groups g of scale[g] * (q_g . x_g) + min[g] * sum(x_g).
+# One word and its group's scale and min in, the word's eight weights out as four bf16
+# pairs. Pair t is nibbles t and t + 4 (where formats.pack_int4 puts inputs 2t and
+# 2t + 1): shifted, masked and ORed into 0x4300 (bf16's 128.0, whose low mantissa bits
+# are zero) it reads 128 + q exactly; less 128 it is q, and one fma makes q * scale + min,
+# rounded once to bf16. $4 is the word, $12 and $16 the scale and min, each a bf16 pair.
+_INT4_WORD_AS_BF16 = tl.constexpr("""
+{
+.reg .b32 t, q, one, low;
+mov.b32 one, 0x3F803F80;
+mov.b32 low, 0xC300C300;
+lop3.b32 q, $4, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 q, q, one, low;
+fma.rn.bf16x2 $0, q, $12, $16;
+shr.u32 t, $4, 4;
+lop3.b32 q, t, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 q, q, one, low;
+fma.rn.bf16x2 $1, q, $12, $16;
+shr.u32 t, $4, 8;
+lop3.b32 q, t, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 q, q, one, low;
+fma.rn.bf16x2 $2, q, $12, $16;
+shr.u32 t, $4, 12;
+lop3.b32 q, t, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 q, q, one, low;
+fma.rn.bf16x2 $3, q, $12, $16;
+}
+""")
 
-    Weights as formats.pack_int4 lays them out: a group is GROUP // 8 int32 words, and
-    nibble i of word j is element i * (GROUP // 8) + j, so the inputs each nibble meets are
-    one contiguous slice of x. A group's words are one [rows, words] tile; GROUPS_PER_STEP
-    of them are unrolled per loop step so their loads are in flight together. The
-    minimums' share uses sums of x taken on the way, not a separate pass."""
-    m = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+
+@triton.jit
+def _eight_copies(t):
+    """[R, W] -> [R, W, 8], each value repeated along the new last axis (in registers)."""
+    t2 = tl.join(t, t)
+    return tl.join(tl.join(t2, t2), tl.join(t2, t2))
+
+
+@triton.jit
+def _int4_weights(words, scale, low):
+    """int32 words [R, W] (formats.pack_int4) of one group, and that group's scale and min
+    [R] -> bf16 weights [R, 8W], in the inputs' order.
+
+    The asm sees each word eight times (the joins) and uses one copy, so one call fills a
+    thread's eight consecutive values, already paired as the tensor cores read them."""
+    shape: tl.constexpr = [words.shape[0], words.shape[1]]
+    values = tl.inline_asm_elementwise(
+        _INT4_WORD_AS_BF16, "=r,=r,=r,=r" + ",r" * 16,
+        [_eight_copies(words), _eight_copies(tl.broadcast_to(scale[:, None], shape)),
+         _eight_copies(tl.broadcast_to(low[:, None], shape))],
+        dtype=tl.bfloat16, is_pure=True, pack=8,
+    )  # fmt: skip
+    return tl.reshape(values, [words.shape[0], words.shape[1] * 8])
+
+
+@triton.jit
+def _int4_dot_kernel(
+    x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, M, N, stride_xm, stride_wn,
+    stride_sn, stride_om, K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS_PER_STEP: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    """out[:M, rows] = x @ w[rows].T on tensor cores, w = q * scale + min made in bf16 in
+    registers (the bf16 weights the wider path multiplies too); products accumulate in
+    float32 and input rows past M are zeros.
+
+    - GROUPS_PER_STEP groups are unrolled per loop step so their loads are in flight
+      together, and each step's scales and mins (sm, bf16 [N, groups, 2]) are read one
+      step ahead.
+    - SWAP puts the weights on the left of the product, where Hopper's tensor cores read
+      them from registers.
+    - SPLIT_K programs share a tile's groups, so that a matrix of few rows still gives
+      every multiprocessor several programs: each writes its float32 partial sum, and
+      the last to arrive adds them up in a fixed order (the same bits every run)."""
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
+    ms = tl.arange(0, BLOCK_M)
     WORDS: tl.constexpr = GROUP // 8
     NUM_GROUPS: tl.constexpr = K // GROUP
-    js = tl.arange(0, WORDS)
-    w_base = w_ptr + rows64[:, None] * stride_wn + js[None, :]
-    x_base = x_ptr + m * stride_xm + js
-    s_base = s_ptr + rows64 * stride_sn
-    z_base = z_ptr + rows64 * stride_sn
-    acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
-    for g0 in range(0, NUM_GROUPS, GROUPS_PER_STEP):
+    SPLIT_GROUPS: tl.constexpr = (NUM_GROUPS + SPLIT_K - 1) // SPLIT_K
+    first = split * SPLIT_GROUPS
+    end = tl.minimum(first + SPLIT_GROUPS, NUM_GROUPS)
+    w_base = w_ptr + rows64[:, None] * stride_wn + tl.arange(0, WORDS)[None, :]
+    x_base = x_ptr + ms[:, None] * stride_xm + tl.arange(0, GROUP)[None, :]
+    cols = tl.arange(0, 2 * GROUPS_PER_STEP)  # scale, min, scale, min, ... of a step
+    sm_ptrs = sm_ptr + rows64[:, None] * stride_sn + 2 * first + cols[None, :]
+    sm_next = tl.load(sm_ptrs, mask=2 * first + cols[None, :] < 2 * end, other=0.0)
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
+    for g0 in range(first, end, GROUPS_PER_STEP):
+        sm = sm_next.to(tl.float32)
+        sm_ptrs += 2 * GROUPS_PER_STEP
+        later = 2 * (g0 + GROUPS_PER_STEP) + cols[None, :] < 2 * end
+        sm_next = tl.load(sm_ptrs, mask=later, other=0.0)
         for t in tl.static_range(GROUPS_PER_STEP):
             g = g0 + t
-            ok = g < NUM_GROUPS  # False only in a last, partial step
-            w = tl.load(w_base + g * WORDS, mask=ok, other=0)
-            dot = tl.zeros([BLOCK_N, WORDS], tl.float32)
-            x_sum = tl.zeros([WORDS], tl.float32)
-            for i in tl.static_range(8):
-                x = tl.load(x_base + g * GROUP + i * WORDS, mask=ok, other=0.0).to(tl.float32)
-                q = (((w >> (4 * i)) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-                dot += q * x[None, :]
-                x_sum += x
-            scale = tl.load(s_base + g, mask=ok, other=0.0).to(tl.float32)
-            low = tl.load(z_base + g, mask=ok, other=0.0).to(tl.float32)
-            acc += dot * scale[:, None] + low[:, None] * x_sum[None, :]
-    out = tl.sum(acc, axis=1)
-    _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
+            ok = g < end  # False only in a last, partial step
+            words = tl.load(w_base + g * WORDS, mask=ok, other=0)
+            x = tl.load(x_base + g * GROUP, mask=(ms < M)[:, None] & ok, other=0.0)
+            scale = tl.sum(tl.where(cols[None, :] == 2 * t, sm, 0.0), axis=1)
+            low = tl.sum(tl.where(cols[None, :] == 2 * t + 1, sm, 0.0), axis=1)
+            w = _int4_weights(words, scale.to(tl.bfloat16), low.to(tl.bfloat16))
+            acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
+    if SWAP:
+        acc = tl.trans(acc)
+    if SPLIT_K > 1:
+        tile_elems = ms[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tile_partials = partial_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N) + tile_elems
+        tl.store(tile_partials + split * (BLOCK_M * BLOCK_N), acc)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        if tl.atomic_add(arrived_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+            acc = tl.load(tile_partials, cache_modifier=".cg")
+            for other in tl.static_range(1, SPLIT_K):
+                acc += tl.load(tile_partials + other * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+            tl.store(arrived_ptr + tile, 0)  # ready for the next call
+            _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
+    else:
+        _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def _int8_dot_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om,
+    K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out[:M, rows] = x @ (q * scale)[rows].T on tensor cores, for int8 q with a scale per
+    row (GROUP = K) or per group: q is exact in bf16, x stays bf16, products accumulate in
+    float32 and each group's sum is scaled once. Input rows past M are zeros."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
+    ms = tl.arange(0, BLOCK_M)
+    TILE: tl.constexpr = BLOCK_K if GROUP > BLOCK_K else GROUP
+    ks = tl.arange(0, TILE)
+    w_ptrs = w_ptr + rows64[:, None] * stride_wn + ks[None, :]
+    x_ptrs = x_ptr + ms[:, None] * stride_xm + ks[None, :]
+    s_base = s_ptr + rows64 * stride_sn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, TILE):
+        if K % TILE == 0:
+            w = tl.load(w_ptrs)
+            x = tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0)
+        else:  # a scale per row and a last, partial tile
+            kmask = k0 + ks < K
+            w = tl.load(w_ptrs, mask=kmask[None, :], other=0)
+            x = tl.load(x_ptrs, mask=(ms < M)[:, None] & kmask[None, :], other=0.0)
+        w = w.to(tl.bfloat16)
+        if GROUP == K:
+            acc = tl.dot(x, tl.trans(w), acc)
+        else:
+            scale = tl.load(s_base + k0 // GROUP).to(tl.float32)
+            acc += tl.dot(x, tl.trans(w)) * scale[None, :]
+        w_ptrs += TILE
+        x_ptrs += TILE
+    if GROUP == K:
+        acc *= tl.load(s_base).to(tl.float32)[None, :]
+    _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS: tl.constexpr):
+    """The tensor-core kernels' last step: float32 [BLOCK_M, BLOCK_N] plus the bias, stored
+    in the output's dtype for the real input rows and output rows."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows64).to(tl.float32)[None, :]
+    mask = (ms < M)[:, None] & (rows < N)[None, :]
+    out = acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + ms[:, None] * stride_om + rows[None, :], out, mask=mask)
 
 
 @triton.jit
@@ -190,22 +332,38 @@ def _fp8_dot_kernel(
         acc = tl.dot(x16, tl.trans(w.to(tl.float16)), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    out = acc * tl.load(s_ptr + rows64).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        out += tl.load(b_ptr + rows64).to(tl.float32)[None, :]
-    mask = (ms < M)[:, None] & (rows < N)[None, :]
-    tl.store(
-        out_ptr + ms[:, None] * stride_om + rows[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    acc *= tl.load(s_ptr + rows64).to(tl.float32)[None, :]
+    _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
 
 
-# Tuned per weight shape on first use (the engine's warm-up, before graph capture).
-_rowwise_tuned = triton.autotune(configs=_CONFIGS, key=["N", "K"])(_rowwise_kernel)
-_grouped_tuned = triton.autotune(configs=_GROUPED_CONFIGS, key=["N", "K", "GROUP"])(_grouped_kernel)
-_int4_tuned = triton.autotune(configs=_INT4_CONFIGS, key=["N", "K", "GROUP"])(_int4_kernel)
-_fp8_dot_tuned = triton.autotune(configs=_DOT_CONFIGS, key=["N", "K"])(_fp8_dot_kernel)
+def _tuned_per_rows(kernel, configs: list[triton.Config], **options) -> Callable[[int], Any]:
+    """kernel autotuned per weight shape on first use (the engine's warm-up, before graph
+    capture), and separately per power-of-two count of input rows: the best tile for one
+    row is not the best for two, and else the first call's rows would choose for all."""
+    tuners: dict[int, Any] = {}
+
+    def for_rows(rows: int) -> Any:
+        bucket = triton.next_power_of_2(rows)
+        if bucket not in tuners:
+            tuners[bucket] = triton.autotune(configs=configs, **options)(kernel)
+        return tuners[bucket]
+
+    return for_rows
+
+
+def _split_fits(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Configurations that split K only for matrices of few enough rows."""
+    return [c for c in configs if c.kwargs["SPLIT_K"] == 1 or named_args["N"] <= SPLIT_MAX_OUT]
+
+
+_rowwise_tuned = _tuned_per_rows(_rowwise_kernel, _CONFIGS, key=["N", "K"])
+_grouped_tuned = _tuned_per_rows(_grouped_kernel, _GROUPED_CONFIGS, key=["N", "K", "GROUP"])
+_int4_dot_tuned = _tuned_per_rows(
+    _int4_dot_kernel, _INT4_DOT_CONFIGS, key=["N", "K", "GROUP"],
+    prune_configs_by={"early_config_prune": _split_fits},
+)  # fmt: skip
+_int8_dot_tuned = _tuned_per_rows(_int8_dot_kernel, _INT8_DOT_CONFIGS, key=["N", "K", "GROUP"])
+_fp8_dot_tuned = _tuned_per_rows(_fp8_dot_kernel, _DOT_CONFIGS, key=["N", "K"])
 
 
 def _per_row_grid(n: int, rows: int) -> Callable[[dict], tuple[int, int]]:
@@ -225,24 +383,53 @@ def _gemv(
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     grid = _per_row_grid(n, x.shape[0])
     if scales.shape[1] == 1:
-        _rowwise_tuned[grid](
+        _rowwise_tuned(x.shape[0])[grid](
             x, q, scales, _bias_arg(x, bias), out, n, x.stride(0), q.stride(0), out.stride(0),
             K=k, HAS_BIAS=bias is not None,
         )  # fmt: skip
         return out
-    _grouped_tuned[grid](
+    _grouped_tuned(x.shape[0])[grid](
         x, q, scales, _bias_arg(x, bias), out, n, x.stride(0), q.stride(0), scales.stride(0),
         out.stride(0), K=k, GROUP=k // scales.shape[1], HAS_BIAS=bias is not None,
     )  # fmt: skip
     return out
 
 
+def _dot_grid(n: int) -> Callable[[dict], tuple[int, int]]:
+    return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta.get("SPLIT_K", 1))
+
+
+_split_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def split_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 partial sums, int32 arrival counts, zero between calls) for split-K: room
+    for any tile size of a matrix of up to SPLIT_MAX_OUT rows and DOT_MAX_ROWS inputs."""
+    if device not in _split_buffers:
+        tiles = SPLIT_MAX_OUT // 16 + 1  # the smallest BLOCK_N is 16
+        partials = torch.empty(
+            (SPLIT_MAX_OUT + 256) * _SPLIT_MAX * DOT_MAX_ROWS, dtype=torch.float32, device=device
+        )
+        _split_buffers[device] = partials, torch.zeros(tiles, dtype=torch.int32, device=device)
+    return _split_buffers[device]
+
+
 def int8_matmul(
     x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    if x.shape[0] <= GEMV_MAX_ROWS:
+    rows = x.shape[0]
+    if rows <= GEMV_MAX_ROWS:
         return _gemv(x, q, scales, bias)
     n, k = q.shape
+    if rows <= DOT_MAX_ROWS:
+        x = x.contiguous()
+        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+        _int8_dot_tuned(rows)[_dot_grid(n)](
+            x, q, scales, _bias_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
+            scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
+            HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
+        )  # fmt: skip
+        return out
     w = (q.view(n, scales.shape[1], -1).to(x.dtype) * scales.to(x.dtype)[..., None]).view(n, k)
     return F.linear(x, w, bias)
 
@@ -250,22 +437,25 @@ def int8_matmul(
 def int4_matmul(
     x: torch.Tensor,
     words: torch.Tensor,  # formats.pack_int4's layout
-    scales: torch.Tensor,
-    mins: torch.Tensor,
+    scale_mins: torch.Tensor,  # bf16 [out, groups, 2]: each group's scale and min
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    n, groups = scales.shape
+    n, groups, _ = scale_mins.shape
     k = words.shape[1] * 8
-    if x.shape[0] <= GEMV_MAX_ROWS:
+    rows = x.shape[0]
+    if rows <= DOT_MAX_ROWS:
         x = x.contiguous()
-        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-        _int4_tuned[_per_row_grid(n, x.shape[0])](
-            x, words, scales, mins, _bias_arg(x, bias), out, n, x.stride(0), words.stride(0),
-            scales.stride(0), out.stride(0), K=k, GROUP=k // groups, HAS_BIAS=bias is not None,
+        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+        _int4_dot_tuned(rows)[_dot_grid(n)](
+            x, words, scale_mins, _bias_arg(x, bias), out, *split_buffers(x.device), rows, n,
+            x.stride(0),
+            words.stride(0), scale_mins.stride(0), out.stride(0), K=k, GROUP=k // groups,
+            HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
         )  # fmt: skip
         return out
-    q = unpack_int4(words, k // groups).view(n, groups, -1).to(x.dtype)
-    w = q * scales.to(x.dtype)[..., None] + mins.to(x.dtype)[..., None]
+    q = unpack_int4(words).view(n, groups, -1).to(x.dtype)
+    sm = scale_mins.to(x.dtype)
+    w = q * sm[..., :1] + sm[..., 1:]
     return F.linear(x, w.view(n, k), bias)
 
 
@@ -279,7 +469,7 @@ def fp8_matmul(
     if rows <= DOT_MAX_ROWS:
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-        _fp8_dot_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+        _fp8_dot_tuned(rows)[_dot_grid(n)](
             x, q, scales, _bias_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
             out.stride(0), K=k, HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
         )  # fmt: skip

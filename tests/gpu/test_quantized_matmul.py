@@ -1,6 +1,6 @@
-"""Compressed linears on CUDA (Triton GEMV for 1-2 rows, a tensor-core fp8 kernel for many
-output rows or up to 16 input rows, dequantize + cuBLAS beyond) against x @ W.T with W
-dequantized from the same compressed tensors in float32."""
+"""Compressed linears on CUDA (Triton GEMVs for 1-2 rows of int8 and fp8, tensor-core
+kernels for int4 and for up to 16 input rows, dequantize + cuBLAS beyond) against x @ W.T
+with W dequantized from the same compressed tensors in float32."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import torch
 
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from kamado.surgery import formats  # noqa: E402
+from kamado.surgery import triton_matmul as tm  # noqa: E402
 from kamado.surgery.qlinear import Fp8Linear, Int4Linear, Int8Linear  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +38,7 @@ def weight(n: int, k: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("rows", [1, 2, 9])
+@pytest.mark.parametrize("rows", [1, 2, 9, 16])
 @pytest.mark.parametrize("group", [None, 32])
 def test_int8_matmul_matches_its_dequantized_weight(n, k, rows, group):
     q, scales = formats.quantize_int8(weight(n, k), group)
@@ -47,7 +48,7 @@ def test_int8_matmul_matches_its_dequantized_weight(n, k, rows, group):
 
 
 @pytest.mark.parametrize("n,k", [*SHAPES, (1000, 896)])  # 896: 7 groups, a partial step
-@pytest.mark.parametrize("rows", [1, 2, 9])
+@pytest.mark.parametrize("rows", [1, 2, 9, 16])
 @pytest.mark.parametrize("group,scale_dtype", [(128, torch.float16), (32, torch.float32)])
 def test_int4_matmul_matches_its_dequantized_weight(n, k, rows, group, scale_dtype):
     q, scales, mins = formats.quantize_int4(weight(n, k), group, scale_dtype)
@@ -78,3 +79,31 @@ def test_fp8_tensor_core_path_keeps_large_inputs_finite():
     x = torch.randn(1, 512, device=CUDA, dtype=torch.bfloat16)
     x[0, 7] = 1e6
     assert torch.isfinite(Fp8Linear(q, scales, None)(x)).all()
+
+
+@pytest.mark.parametrize("config", tm._INT4_DOT_CONFIGS, ids=str)
+def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
+    """Each configuration the autotuner may pick, split-K ones included: the same result as
+    the dequantized weight, and the same bits on a second call (the split-K arrival counts
+    are back at zero, and partial sums are added in a fixed order)."""
+    n, k, rows = 3000, 896, 3  # 7 groups of 128: splits of unequal size, a partial step
+    q, scales, mins = formats.quantize_int4(weight(n, k), 128)
+    module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+
+    def run() -> torch.Tensor:
+        out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
+        meta = dict(config.kwargs)
+        grid = (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
+        tm._int4_dot_kernel[grid](
+            x, module.packed, module.scale_mins, module.bias, out, *tm.split_buffers(CUDA),
+            rows, n, x.stride(0), module.packed.stride(0), module.scale_mins.stride(0),
+            out.stride(0), K=k, GROUP=128, HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+        return out
+
+    first, second = run(), run()
+    expected = x.float() @ formats.dequantize_int4(q, scales, mins).T + module.bias.float()
+    assert float((first.float() - expected).norm() / expected.norm()) < TOLERANCE
+    assert torch.equal(first, second)

@@ -47,22 +47,22 @@ def test_fp8_keeps_three_mantissa_bits(w):
     assert (error[big] <= w.abs()[big] * 2**-4 + 1e-9).all()
 
 
-@pytest.mark.parametrize("group", [32, 128])
-def test_int4_packing_is_lossless(group):
+def test_int4_packing_is_lossless():
     q = torch.randint(0, 16, (5, 256), dtype=torch.uint8)
-    packed = formats.pack_int4(q, group)
+    packed = formats.pack_int4(q)
     assert packed.shape == (5, 32) and packed.dtype == torch.int32
-    assert torch.equal(formats.unpack_int4(packed, group), q)
+    assert torch.equal(formats.unpack_int4(packed), q)
 
 
-def test_int4_words_hold_a_group_in_planes():
+def test_int4_words_hold_eight_consecutive_inputs_evens_low():
     q = torch.zeros(1, 64, dtype=torch.uint8)
-    q[0, 2 * 4 + 1] = 7  # group of 32: 4 words a group; element 9 is nibble 2 of word 1
-    q[0, 32 + 3] = 15  # second group, element 3: nibble 0 of its word 3
-    words = formats.pack_int4(q, 32)
+    q[0, 8 + 2] = 7  # element 10: word 1's third element, the low half's nibble 1
+    q[0, 8 + 3] = 5  # element 11: word 1's fourth element, the high half's nibble 1
+    q[0, 63] = 15  # the last element: the top nibble of the last word (sign bit set)
+    words = formats.pack_int4(q)
     expected = torch.zeros(1, 8, dtype=torch.int32)
-    expected[0, 1] = 7 << 8
-    expected[0, 4 + 3] = 15
+    expected[0, 1] = 7 << 4 | 5 << 20
+    expected[0, 7] = -(1 << 28)  # 0xF0000000 as int32
     assert torch.equal(words, expected)
 
 
