@@ -2,16 +2,16 @@
 dequantize-then-cuBLAS for everything wider.
 
 Decode reads every weight once per token, so its matmuls are bound by the bytes they read.
-- Up to GEMV_MAX_ROWS input rows run a GEMV per row: it reads the int8 / fp8 / packed
-  int4 bytes and their scales, widens them in registers and accumulates in float32. int4
-  values become floats through their bits (2^23 + q as a float, minus 2^23), not through
-  the int-to-float instruction, which Hopper issues at an eighth of the FMA rate.
-- fp8 weights of many rows (the output head, gate/up), and fp8 inputs of up to
-  DOT_MAX_ROWS rows, go through tensor cores instead: e4m3 widens to fp16 exactly in one
-  instruction, and a tile is read once for all rows.
+- int8 and fp8 weights at up to GEMV_MAX_ROWS input rows run a GEMV per row: it reads the
+  bytes and their scales, widens them in registers and accumulates in float32.
+- int4 weights at up to DOT_MAX_ROWS rows, and int8 and fp8 from three rows (fp8 from one
+  for outputs of DOT_MIN_OUT rows or more), go through tensor cores: each program widens
+  its tile in registers (int4 through bit tricks, not the int-to-float instruction, which
+  Hopper issues at an eighth of the FMA rate) and reads it once for all input rows.
 - Wider inputs (prefill, large batches) are compute-bound: the weight is widened to the
   activation dtype once and cuBLAS does the product.
-Measured per shape on an H200: `python scripts/gemv_bandwidth.py`.
+Measured per shape on an H200: `python scripts/gemv_bandwidth.py [ROWS]`, and per int4
+tile configuration `python scripts/int4_sweep.py`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import triton.language as tl
 from kamado.surgery.formats import unpack_int4
 
 GEMV_MAX_ROWS = 2
-DOT_MAX_ROWS = 16  # input rows of the tensor-core fp8 kernel (one MMA tile)
+DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
 DOT_MIN_OUT = 16384  # output rows from which the tensor-core kernel wins at 1-2 input rows
 
 _CONFIGS = [
@@ -50,10 +50,8 @@ _INT4_DOT_CONFIGS = [
         (32, 4, False, 4, 3, 4), (32, 2, False, 4, 3, 8), (16, 4, False, 4, 3, 8),
     ]
 ]  # fmt: skip
-# Split-K's float32 partial sums and arrival counts: one set per device, shared by every
-# call (the model's matmuls run one after another on one stream), sized at first use.
-SPLIT_MAX_OUT = 16384  # output rows up to which a matmul may split its inputs
-_SPLIT_MAX = 8
+SPLIT_MAX_OUT = 16384  # output rows up to which an int4 matmul may split its inputs
+_SPLIT_MAX = 8  # the most SPLIT_K above
 _INT8_DOT_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
     for bn, bk, w, st in [(16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3)]
@@ -404,7 +402,10 @@ _split_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 def split_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 partial sums, int32 arrival counts, zero between calls) for split-K: room
-    for any tile size of a matrix of up to SPLIT_MAX_OUT rows and DOT_MAX_ROWS inputs."""
+    for any tile size of a matrix of up to SPLIT_MAX_OUT rows and DOT_MAX_ROWS inputs.
+
+    One set per device, made at first use (the engine's warm-up, before graph capture) and
+    shared by every call: the model's matmuls run one after another on one stream."""
     if device not in _split_buffers:
         tiles = SPLIT_MAX_OUT // 16 + 1  # the smallest BLOCK_N is 16
         partials = torch.empty(

@@ -96,7 +96,7 @@ def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
         meta = dict(config.kwargs)
         grid = (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
         tm._int4_dot_kernel[grid](
-            x, module.packed, module.scale_mins, module.bias, out, *tm.split_buffers(CUDA),
+            x, module.packed, module.scale_mins, module.bias, out, *tm.split_buffers(x.device),
             rows, n, x.stride(0), module.packed.stride(0), module.scale_mins.stride(0),
             out.stride(0), K=k, GROUP=128, HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta,
             num_warps=config.num_warps, num_stages=config.num_stages,
