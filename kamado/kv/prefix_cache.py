@@ -10,6 +10,7 @@ will differ). The prompt's last token is always computed, so there are logits to
 from __future__ import annotations
 
 import logging
+from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from kamado.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
+# Sessions whose newest turn's tokens are kept (8 bytes a token), so that their next turn
+# takes its block keys instead of hashing the same tokens again.
+TOKENS_KEPT_SESSIONS = 32
 
 
 @dataclass
@@ -83,6 +87,8 @@ class PrefixCache:
         self.cache = cache
         self.stats = PrefixStats()
         self._newest: OrderedDict[str, SessionTurn] = OrderedDict()
+        # The tokens of those turns' chains (int64), for the most recent sessions only.
+        self._newest_tokens: OrderedDict[str, bytes] = OrderedDict()
         # Full prompt blocks that running sequences have yet to compute, by key.
         self._in_flight: dict[bytes, Sequence] = {}
         self.block_tokens = BlockTokens(block_size)
@@ -94,6 +100,7 @@ class PrefixCache:
         if not self.enabled or seq.block_table:
             return found
         keys = seq.block_keys
+        self._reuse_keys(seq)
         extend_keys(keys, seq.token_ids, (seq.num_tokens - 1) // self.block_size, self.block_size)
         for key in keys[: (seq.num_tokens - 1) // self.block_size]:
             block = self.pool.lookup(key)
@@ -107,6 +114,23 @@ class PrefixCache:
                 break
         self._match_partial(seq, found)
         return found
+
+    def _reuse_keys(self, seq: Sequence) -> None:
+        """An agent's next prompt begins with its previous turn: take that turn's block keys
+        where the tokens are the same, rather than hash them again in the engine loop (about
+        a microsecond a block, so milliseconds for a long agent context). Its whole chain if
+        the prompt repeats the reply too, else its prompt's blocks, else none."""
+        turn = self._newest.get(seq.session) if seq.session is not None else None
+        tokens = self._newest_tokens.get(seq.session) if seq.session is not None else None
+        if seq.block_keys or turn is None or tokens is None:
+            return
+        for num_blocks in (len(turn.keys), turn.num_prompt_blocks):
+            num_tokens = num_blocks * self.block_size
+            if 0 < num_tokens <= seq.num_tokens and (
+                array("q", seq.token_ids[:num_tokens]).tobytes() == tokens[: 8 * num_tokens]
+            ):
+                seq.block_keys.extend(turn.keys[:num_blocks])
+                return
 
     def _match_partial(self, seq: Sequence, found: PrefixMatch) -> None:
         """After the matched full blocks: a cached block whose first tokens are the next
@@ -309,6 +333,12 @@ class PrefixCache:
         self._newest.move_to_end(seq.session)
         if len(self._newest) > MAX_SESSIONS:
             self._newest.popitem(last=False)
+        self._newest_tokens[seq.session] = array(
+            "q", seq.token_ids[: len(chain) * self.block_size]
+        ).tobytes()
+        self._newest_tokens.move_to_end(seq.session)
+        if len(self._newest_tokens) > TOKENS_KEPT_SESSIONS:
+            self._newest_tokens.popitem(last=False)
 
     def _evicted(self, block: int, key: bytes) -> None:
         """A cached block's slot is taken for new content. A partly filled block is not

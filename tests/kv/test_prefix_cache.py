@@ -3,6 +3,7 @@
 import pytest
 
 from kamado.engine.sampling_params import SamplingParams
+from kamado.kv import block_hash
 from tests.engine.conftest import greedy, hf_greedy, make_engine, run
 
 BS = 4
@@ -38,6 +39,42 @@ def test_follow_up_turn_reuses_the_conversation_and_matches_transformers(tiny_mo
     assert out2 == hf_greedy(reference, turn2, 10)
     assert engine.prefix.stats.device_hit_tokens == hit2
     assert engine.prefix.stats.queried_tokens == len(turn1) + len(turn2)
+    assert_no_leaks(engine)
+
+
+def test_a_follow_up_turn_takes_its_sessions_block_keys_instead_of_hashing_them(
+    tiny_models, monkeypatch
+):
+    path, reference = tiny_models["qwen2"]
+    engine = make_engine(path, block_size=BS)
+    turn1 = list(range(10, 47))
+    out1, _ = cached(engine, "t1", turn1, greedy(8), "agent")
+    hashed: list[list[int]] = []
+    real_key = block_hash.block_key
+    monkeypatch.setattr(
+        block_hash,
+        "block_key",
+        lambda parent, tokens: hashed.append(tokens) or real_key(parent, tokens),
+    )
+
+    def blocks(tokens: list[int], first: int, end: int) -> list[list[int]]:
+        return [tokens[b * BS : (b + 1) * BS] for b in range(first, end)]
+
+    # Repeating the reply: turn 1's whole chain (all but the block its last token opened).
+    turn2 = turn1 + out1 + [300, 301, 302, 303, 304]
+    out2, hit2 = cached(engine, "t2", turn2, greedy(10), "agent")
+    chain1 = (len(turn1) + len(out1) - 1) // BS
+    assert hit2 == chain1 * BS and out2 == hf_greedy(reference, turn2, 10)
+    computed2 = (len(turn2) + len(out2) - 1) // BS  # full blocks keyed by turn 2's end
+    assert hashed == blocks(turn2 + out2, chain1, computed2)
+    # A reply rendered otherwise: only the previous prompt's blocks are taken.
+    hashed.clear()
+    turn3 = turn2 + [7, 7, 7] + out2[3:] + [400, 401]
+    out3, hit3 = cached(engine, "t3", turn3, greedy(4), "agent")
+    prompt2 = len(turn2) // BS
+    assert hashed[: computed2 - prompt2] == blocks(turn3, prompt2, computed2)
+    assert hit3 == len(turn2)  # up to the first changed token (a partial block copied)
+    assert out3 == hf_greedy(reference, turn3, 4)
     assert_no_leaks(engine)
 
 
