@@ -51,12 +51,13 @@ def main() -> None:
             for delta in engine.step():
                 output += delta.new_token_ids
             steps.append(time.perf_counter() - started)
-        if turn:  # the first turn computes the whole prompt; later ones find it cached
-            print(
-                f"turn {turn}: {len(prompt)} prompt tokens; the admitting schedule() "
-                f"{admitting[0] * 1e3:.2f} ms; steps (ms) {[round(s * 1e3, 1) for s in steps]}",
-                flush=True,
-            )
+        # The first turn is a new prompt, computed whole; later ones find it cached.
+        shown = [round(s * 1e3, 1) for s in steps] if turn else f"{len(steps)} steps"
+        print(
+            f"turn {turn}: {len(prompt)} prompt tokens; the admitting schedule() "
+            f"{admitting[0] * 1e3:.2f} ms; steps (ms): {shown}",
+            flush=True,
+        )
         prompt = prompt + output + [rng.randrange(3, 128) for _ in range(NEW_TOKENS_A_TURN)]
 
 

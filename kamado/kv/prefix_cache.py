@@ -101,8 +101,11 @@ class PrefixCache:
             return found
         keys = seq.block_keys
         self._reuse_keys(seq)
-        extend_keys(keys, seq.token_ids, (seq.num_tokens - 1) // self.block_size, self.block_size)
-        for key in keys[: (seq.num_tokens - 1) // self.block_size]:
+        # Keys are made as the walk needs them: a new prompt hashes up to its first miss,
+        # not every block in the engine loop (its commits key the rest as they are computed).
+        for b in range((seq.num_tokens - 1) // self.block_size):
+            extend_keys(keys, seq.token_ids, b + 1, self.block_size)
+            key = keys[b]
             block = self.pool.lookup(key)
             if block is not None and not found.lower_keys:
                 found.device_blocks.append(block)
@@ -170,13 +173,13 @@ class PrefixCache:
             self._count_hits(seq, {})
 
     def _mark_in_flight(self, seq: Sequence, first: int) -> None:
-        """The full prompt blocks from `first` on are this sequence's to compute."""
-        if not self.enabled:
+        """Full prompt block `first` is this sequence's to compute next. Only that one is
+        filed: a sequence with the same prompt misses its cache lookup there first, and
+        waits (commit files the next block as each one is computed)."""
+        if not self.enabled or first >= seq.num_prompt_tokens // self.block_size:
             return
-        num_full = seq.num_prompt_tokens // self.block_size
-        extend_keys(seq.block_keys, seq.token_ids, num_full, self.block_size)
-        for key in seq.block_keys[first:num_full]:
-            self._in_flight.setdefault(key, seq)
+        extend_keys(seq.block_keys, seq.token_ids, first + 1, self.block_size)
+        self._in_flight.setdefault(seq.block_keys[first], seq)
 
     def _clear_in_flight(self, seq: Sequence, keys: list[bytes]) -> None:
         for key in keys:
@@ -243,6 +246,7 @@ class PrefixCache:
             return
         # The blocks a lookup compares: all full ones but the one holding the last token.
         comparable = min(previous.num_prompt_blocks, (seq.num_tokens - 1) // self.block_size)
+        extend_keys(seq.block_keys, seq.token_ids, comparable, self.block_size)
         same = 0
         while same < comparable and seq.block_keys[same] == previous.keys[same]:
             same += 1
@@ -278,6 +282,7 @@ class PrefixCache:
             if self.transfers is not None:
                 self.transfers.filled(block, key)
         self._clear_in_flight(seq, seq.block_keys[first:num_full])
+        self._mark_in_flight(seq, num_full)
 
     def release(self, seq: Sequence) -> None:
         """The sequence lets go of its blocks; full ones and the computed part of a partly

@@ -169,3 +169,22 @@ def test_choices_fork_from_a_prompt_computed_by_layers(four_layers):
     got, _ = drive(paced(path, 11, 3), long_beside_streams(long))
     assert got == expected
     assert len(got["long"]) == 3
+
+
+def test_long_prompts_sharing_a_prefix_compute_it_once_beside_decodes(four_layers):
+    """Beside decodes a long prompt is admitted whatever the budget, so the second one
+    arrives while the first is part way: it waits for the block the first computes next
+    (filed as in flight at each commit) instead of computing the shared prefix again."""
+    path = four_layers["qwen3"]
+    shared = prompt(20, 128)  # 8 full blocks of 16
+    longs = {f"long{i}": (shared + prompt(30 + i, 40), greedy(4)) for i in range(2)}
+    arrivals = {0: dict(STREAMS), 3: dict(longs)}
+    expected, _ = drive(whole(path), arrivals)
+    engine = paced(path, 16, 2)
+    got, _ = drive(engine, arrivals)
+    assert got == expected
+    stream_tokens = sum(len(tokens) for tokens, _ in STREAMS.values())
+    computed = engine.stats.prompt_tokens_total - stream_tokens
+    assert computed <= len(shared) + 2 * 40 + 16  # the prefix once (and a block's slack)
+    assert engine.prefix.stats.device_hit_tokens >= len(shared)
+    assert engine.pool.num_used == 0
