@@ -15,6 +15,7 @@ from gemv_bandwidth import ROTATED_BYTES, graph_ms
 
 from kamado.surgery import formats
 from kamado.surgery import triton_matmul as tm
+from kamado.surgery.qlinear import Int4Linear
 
 SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)]
 # (BLOCK_N, GROUPS_PER_STEP, SWAP, num_warps, num_stages, SPLIT_K)
@@ -56,9 +57,8 @@ def main() -> None:
     copies = {}
     for n, k in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        q, scales, mins = formats.quantize_int4(w)
-        words = formats.pack_int4(q)
-        scale_mins = torch.stack([scales, mins], dim=-1).to(torch.bfloat16)
+        linear = Int4Linear(*formats.quantize_int4(w), None)  # the layout int4_matmul takes
+        words, scale_mins = linear.packed, linear.scale_mins
         count = max(2, -(-ROTATED_BYTES // (words.nbytes + scale_mins.nbytes)))
         copies[n, k] = [(words.clone(), scale_mins.clone()) for _ in range(count)]
     x = {k: torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _, k in SHAPES}

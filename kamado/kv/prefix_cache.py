@@ -123,9 +123,10 @@ class PrefixCache:
         where the tokens are the same, rather than hash them again in the engine loop (about
         a microsecond a block, so milliseconds for a long agent context). Its whole chain if
         the prompt repeats the reply too, else its prompt's blocks, else none."""
-        turn = self._newest.get(seq.session) if seq.session is not None else None
-        tokens = self._newest_tokens.get(seq.session) if seq.session is not None else None
-        if seq.block_keys or turn is None or tokens is None:
+        if seq.block_keys or seq.session is None:
+            return
+        turn, tokens = self._newest.get(seq.session), self._newest_tokens.get(seq.session)
+        if turn is None or tokens is None:
             return
         for num_blocks in (len(turn.keys), turn.num_prompt_blocks):
             num_tokens = num_blocks * self.block_size

@@ -133,33 +133,27 @@ def _grouped_kernel(
     _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
-# One word and its group's scale and min in, the word's eight weights out as four bf16
-# pairs. Pair t is nibbles t and t + 4 (where formats.pack_int4 puts inputs 2t and
-# 2t + 1): shifted, masked and ORed into 0x4300 (bf16's 128.0, whose low mantissa bits
-# are zero) it reads 128 + q exactly; less 128 it is q, and one fma makes q * scale + min,
-# rounded once to bf16. $4 is the word, $12 and $16 the scale and min, each a bf16 pair.
-_INT4_WORD_AS_BF16 = tl.constexpr("""
-{
-.reg .b32 t, q, one, low;
-mov.b32 one, 0x3F803F80;
-mov.b32 low, 0xC300C300;
-lop3.b32 q, $4, 0x000F000F, 0x43004300, 0xea;
-fma.rn.bf16x2 q, q, one, low;
-fma.rn.bf16x2 $0, q, $12, $16;
-shr.u32 t, $4, 4;
-lop3.b32 q, t, 0x000F000F, 0x43004300, 0xea;
-fma.rn.bf16x2 q, q, one, low;
-fma.rn.bf16x2 $1, q, $12, $16;
-shr.u32 t, $4, 8;
-lop3.b32 q, t, 0x000F000F, 0x43004300, 0xea;
-fma.rn.bf16x2 q, q, one, low;
-fma.rn.bf16x2 $2, q, $12, $16;
-shr.u32 t, $4, 12;
-lop3.b32 q, t, 0x000F000F, 0x43004300, 0xea;
-fma.rn.bf16x2 q, q, one, low;
-fma.rn.bf16x2 $3, q, $12, $16;
-}
-""")
+def _int4_word_as_bf16_asm() -> str:
+    """PTX taking one word and its group's scale and min, giving the word's eight weights
+    as four bf16 pairs. Pair t is nibbles t and t + 4 (where formats.pack_int4 puts inputs
+    2t and 2t + 1): shifted right 4t, masked and ORed into 0x4300 (bf16's 128.0, whose low
+    mantissa bits are zero) it reads 128 + q exactly; less 128 it is q, and one fma makes
+    q * scale + min, rounded once to bf16. $4 is the word, $12 and $16 the scale and min,
+    each a bf16 pair; $0..$3 the pairs out."""
+    lines = ["{", ".reg .b32 t, q, one, low;", "mov.b32 one, 0x3F803F80;"]
+    lines.append("mov.b32 low, 0xC300C300;")
+    for t in range(4):
+        if t:
+            lines.append(f"shr.u32 t, $4, {4 * t};")
+        lines += [
+            f"lop3.b32 q, {'t' if t else '$4'}, 0x000F000F, 0x43004300, 0xea;",
+            "fma.rn.bf16x2 q, q, one, low;",
+            f"fma.rn.bf16x2 ${t}, q, $12, $16;",
+        ]
+    return "\n".join(["", *lines, "}", ""])
+
+
+_INT4_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm())
 
 
 @triton.jit
@@ -449,8 +443,8 @@ def int4_matmul(
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _int4_dot_tuned(rows)[_dot_grid(n)](
             x, words, scale_mins, _bias_arg(x, bias), out, *split_buffers(x.device), rows, n,
-            x.stride(0),
-            words.stride(0), scale_mins.stride(0), out.stride(0), K=k, GROUP=k // groups,
+            x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0), K=k,
+            GROUP=k // groups,
             HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
         )  # fmt: skip
         return out
