@@ -13,6 +13,7 @@ import torch
 import triton
 from gemv_bandwidth import ROTATED_BYTES, graph_ms
 
+from kamado.pdl import launch_options
 from kamado.surgery import formats
 from kamado.surgery import triton_matmul as tm
 from kamado.surgery.qlinear import Int4Linear
@@ -42,7 +43,7 @@ def tb_per_s(config: tuple, k: int, copies: list, x: torch.Tensor) -> float:
             x, words, scale_mins, x, out, *tm.split_buffers(x.device), rows, n, x.stride(0),
             words.stride(0), scale_mins.stride(0), out.stride(0), K=k, GROUP=128,
             HAS_BIAS=False, BLOCK_N=bn, BLOCK_M=16, GROUPS_PER_STEP=g, SWAP=swap,
-            SPLIT_K=split, num_warps=warps, num_stages=stages,
+            SPLIT_K=split, num_warps=warps, num_stages=stages, **launch_options(x.device),
         )  # fmt: skip
 
     ms = graph_ms([lambda w=w: call(*w) for w in copies])

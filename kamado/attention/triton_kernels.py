@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from kamado.pdl import launch_options, let_next_start, wait_for_inputs
+
 LOG2E = 1.4426950408889634
 # Most slices one context's keys are split into. The split count is a plain argument, not a
 # compile-time constant, so a new count needs no new compile mid-run (each took 0.6-2.5 s).
@@ -29,8 +31,10 @@ MIN_SCALE = tl.constexpr(1.1754943508222875e-38)  # as kv/quant.py: smallest nor
 def _store_kv_kernel(
     k_ptr, v_ptr, k_cache, v_cache, slot_mapping,
     stride_k, stride_v, stride_slot,
-    ROW: tl.constexpr, ROW_PAD: tl.constexpr,
+    ROW: tl.constexpr, ROW_PAD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_mapping + t).to(tl.int64)
     if slot < 0:  # a padding row of a captured batch
@@ -62,8 +66,10 @@ def _store_kv_quant_kernel(
     k_ptr, v_ptr, k_cache, v_cache, k_scale, v_scale, slot_mapping,
     stride_k, stride_v, stride_slot, stride_sslot,
     KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    QMAX: tl.constexpr, INT8: tl.constexpr,
+    QMAX: tl.constexpr, INT8: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_mapping + t).to(tl.int64)
     if slot < 0:  # a padding row of a captured batch
@@ -103,6 +109,7 @@ def store_kv(
             k.stride(0), v.stride(0), k_cache.stride(0), scales[0].stride(0),
             KV_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
             HEAD_DIM=head_dim, QMAX=qmax, INT8=k_cache.dtype == torch.int8,
+            **launch_options(k.device),
         )  # fmt: skip
         return
     k, v = k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)
@@ -110,7 +117,7 @@ def store_kv(
     _store_kv_kernel[(k.shape[0],)](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), v.stride(0), k_cache.stride(0),
-        ROW=row, ROW_PAD=triton.next_power_of_2(row),
+        ROW=row, ROW_PAD=triton.next_power_of_2(row), **launch_options(k.device),
     )  # fmt: skip
 
 
@@ -131,9 +138,11 @@ def _decode_split_kernel(
     qk_scale, window, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    SCALED: tl.constexpr,
+    SCALED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One (sequence, kv head, split): the group's queries against a slice of the context."""
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -202,9 +211,11 @@ def _store_partial(
 def _merge_splits_kernel(
     mid_out, mid_lse, out_ptr,
     stride_mb, stride_mh, stride_ms, stride_ot, stride_oh, num_splits,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Merge the splits of one (row, head) by their log-sum-exps."""
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS_PAD)
@@ -246,7 +257,7 @@ def decode_attention(
         head_dim**-0.5 * LOG2E, window, num_splits,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
-        SCALED=scales is not None, num_warps=4, num_stages=2,
+        SCALED=scales is not None, num_warps=4, num_stages=2, **launch_options(q.device),
     )  # fmt: skip
     if num_splits > 1:
         merge_splits(mid_out, mid_lse, out)
@@ -274,7 +285,7 @@ def merge_splits(mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor
     _merge_splits_kernel[(rows, num_heads)](
         mid_out, mid_lse, out,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), out.stride(0), out.stride(1),
-        num_splits, HEAD_DIM=head_dim, SPLITS_PAD=MAX_SPLITS,
+        num_splits, HEAD_DIM=head_dim, SPLITS_PAD=MAX_SPLITS, **launch_options(out.device),
     )  # fmt: skip
 
 

@@ -10,15 +10,20 @@ import torch
 import triton
 import triton.language as tl
 
+from kamado.pdl import launch_options, let_next_start, wait_for_inputs
+
 
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, res_ptr, out_ptr, res_out_ptr, w_ptr, eps,
-    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    let_next_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
+    wait_for_inputs(PDL)
     x = tl.load(x_ptr + row * N + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:  # x + residual, rounded like the torch add, is the new residual
         x = (x.to(tl.float32) + tl.load(res_ptr + row * N + offs, mask=mask, other=0.0)).to(x.dtype)
@@ -26,7 +31,6 @@ def _add_rms_norm_kernel(
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
     normed = (xf * rstd).to(x.dtype).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * N + offs, (w * normed).to(x.dtype), mask=mask)
 
 
@@ -41,7 +45,7 @@ def rms_norm(
     _add_rms_norm_kernel[(x.numel() // n,)](
         x, residual if residual is not None else x, out, res_out, weight, eps,
         N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None,
-        num_warps=8 if n >= 4096 else 4,
+        num_warps=8 if n >= 4096 else 4, **launch_options(x.device),
     )  # fmt: skip
     return out, res_out
 
@@ -50,8 +54,11 @@ def rms_norm(
 def _qk_norm_rope_kernel(
     qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, eps, stride_t,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One head of one token, in place: optional RMSNorm over head_dim, then rotate-half."""
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half = HALF
@@ -94,12 +101,14 @@ def qk_norm_rope(
         qkv, positions, cos, sin, q_norm if has_norm else cos, k_norm if has_norm else cos,
         eps, qkv.stride(0),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_NORM=has_norm,
-        num_warps=1,
+        num_warps=1, **launch_options(qkv.device),
     )  # fmt: skip
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, INTER: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, INTER: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < INTER
@@ -116,6 +125,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(inter, block))](
-        gate_up, out, INTER=inter, BLOCK=block
+        gate_up, out, INTER=inter, BLOCK=block, **launch_options(gate_up.device)
     )
     return out

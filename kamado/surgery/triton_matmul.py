@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kamado.pdl import launch_options, let_next_start, wait_for_inputs
 from kamado.surgery.formats import unpack_int4
 
 GEMV_MAX_ROWS = 2
@@ -31,8 +32,11 @@ DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
 DOT_MIN_OUT = 16384  # output rows from which the tensor-core kernel wins at 1-2 input rows
 
 _CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
-    for bn, bk, w in [(8, 512, 4), (16, 1024, 8), (32, 512, 8), (8, 2048, 8), (4, 1024, 4)]
+    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=w)
+    for bn, bk, w, split in [
+        (8, 512, 4, 1), (16, 1024, 8, 1), (32, 512, 8, 1), (8, 2048, 8, 1), (4, 1024, 4, 1),
+        (8, 1024, 4, 4), (8, 512, 4, 8), (16, 512, 4, 8),
+    ]
 ]  # fmt: skip
 # Grouped int8 tiles are one group wide: the rows carry the bytes in flight.
 _GROUPED_CONFIGS = [
@@ -73,21 +77,28 @@ def _store_row(out, b_ptr, out_row_ptr, rows, rows64, N, HAS_BIAS: tl.constexpr)
 
 @triton.jit
 def _rowwise_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_om,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, N, stride_xm, stride_wn,
+    stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row.
 
     Rows past N are clamped to the last row (read, never stored) so weight loads need no
-    mask when BLOCK_K divides K; pointers advance by BLOCK_K instead of being recomputed."""
+    mask when BLOCK_K divides K; pointers advance by BLOCK_K instead of being recomputed.
+    SPLIT_K programs share a tile's inputs, as in _int4_dot_kernel (see _sum_splits)."""
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     m = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
+    K_SPLIT: tl.constexpr = (K + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K) * BLOCK_K
+    first = split * K_SPLIT
     ks = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rows64[:, None] * stride_wn + ks[None, :]
-    x_ptrs = x_ptr + m * stride_xm + ks
+    w_ptrs = w_ptr + rows64[:, None] * stride_wn + first + ks[None, :]
+    x_ptrs = x_ptr + m * stride_xm + first + ks
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(first, tl.minimum(first + K_SPLIT, K), BLOCK_K):
         if K % BLOCK_K == 0:
             x = tl.load(x_ptrs).to(tl.float32)
             w = tl.load(w_ptrs)
@@ -98,21 +109,53 @@ def _rowwise_kernel(
         acc += w.to(tl.float32) * x[None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    out = tl.sum(acc, axis=1) * tl.load(s_ptr + rows64).to(tl.float32)
-    _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
+    out = tl.sum(acc, axis=1)
+    last = True
+    if SPLIT_K > 1:
+        tile = m * tl.num_programs(0) + tl.program_id(0)
+        out, last = _sum_splits(
+            out, tl.arange(0, BLOCK_N), partial_ptr, arrived_ptr, tile, split, BLOCK_N, SPLIT_K
+        )
+    if last:
+        out *= tl.load(s_ptr + rows64).to(tl.float32)
+        _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
+
+
+@triton.jit
+def _sum_splits(
+    acc, elems, partial_ptr, arrived_ptr, tile, split,
+    TILE_ELEMS: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    """Split-K: SPLIT_K programs each computed a float32 partial `acc` of one output tile
+    (`elems`: each value's index in the tile). Each writes its partial to partial_ptr; the
+    last to arrive (an acq_rel count per tile) adds them up in split order, so every run
+    gives the same bits, and resets the count for the next call.
+    Returns (the sum, whether this program is the one to store it)."""
+    tile_partials = partial_ptr + tile * (SPLIT_K * TILE_ELEMS) + elems
+    tl.store(tile_partials + split * TILE_ELEMS, acc)
+    tl.debug_barrier()  # every thread's partial is written before the release below
+    last = tl.atomic_add(arrived_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
+    if last:
+        acc = tl.load(tile_partials, cache_modifier=".cg")
+        for other in tl.static_range(1, SPLIT_K):
+            acc += tl.load(tile_partials + other * TILE_ELEMS, cache_modifier=".cg")
+        tl.store(arrived_ptr + tile, 0)  # ready for the next call
+    return acc, last
 
 
 @triton.jit
 def _grouped_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
     K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[m, rows] = sum over groups g of scale[g] * (q_g . x_g), int8 q.
 
     Each group is its own [rows, group] tile (BLOCK_K // GROUP of them unrolled per loop
     step, so their loads are in flight together), scaled per row and accumulated without
     reducing: the only cross-thread sum is the last one."""
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     m = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
@@ -185,7 +228,7 @@ def _int4_dot_kernel(
     x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, M, N, stride_xm, stride_wn,
     stride_sn, stride_om, K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS_PER_STEP: tl.constexpr,
-    SWAP: tl.constexpr, SPLIT_K: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[:M, rows] = x @ w[rows].T on tensor cores, w = q * scale + min made in bf16 in
     registers (the bf16 weights the wider path multiplies too); products accumulate in
@@ -197,8 +240,9 @@ def _int4_dot_kernel(
     - SWAP puts the weights on the left of the product, where Hopper's tensor cores read
       them from registers.
     - SPLIT_K programs share a tile's groups, so that a matrix of few rows still gives
-      every multiprocessor several programs: each writes its float32 partial sum, and
-      the last to arrive adds them up in a fixed order (the same bits every run)."""
+      every multiprocessor several programs (see _sum_splits).
+    - The first scales and mins are read before waiting for x (kamado.pdl)."""
+    let_next_start(PDL)
     tile = tl.program_id(0)
     split = tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -214,6 +258,7 @@ def _int4_dot_kernel(
     cols = tl.arange(0, 2 * GROUPS_PER_STEP)  # scale, min, scale, min, ... of a step
     sm_ptrs = sm_ptr + rows64[:, None] * stride_sn + 2 * first + cols[None, :]
     sm_next = tl.load(sm_ptrs, mask=2 * first + cols[None, :] < 2 * end, other=0.0)
+    wait_for_inputs(PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
     for g0 in range(first, end, GROUPS_PER_STEP):
         sm = sm_next.to(tl.float32)
@@ -231,18 +276,13 @@ def _int4_dot_kernel(
             acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
     if SWAP:
         acc = tl.trans(acc)
+    last = True
     if SPLIT_K > 1:
-        tile_elems = ms[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tile_partials = partial_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N) + tile_elems
-        tl.store(tile_partials + split * (BLOCK_M * BLOCK_N), acc)
-        tl.debug_barrier()  # every thread's partial is written before the release below
-        if tl.atomic_add(arrived_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
-            acc = tl.load(tile_partials, cache_modifier=".cg")
-            for other in tl.static_range(1, SPLIT_K):
-                acc += tl.load(tile_partials + other * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-            tl.store(arrived_ptr + tile, 0)  # ready for the next call
-            _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
-    else:
+        elems = ms[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        acc, last = _sum_splits(
+            acc, elems, partial_ptr, arrived_ptr, tile, split, BLOCK_M * BLOCK_N, SPLIT_K
+        )
+    if last:
         _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
 
 
@@ -250,11 +290,13 @@ def _int4_dot_kernel(
 def _int8_dot_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om,
     K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[:M, rows] = x @ (q * scale)[rows].T on tensor cores, for int8 q with a scale per
     row (GROUP = K) or per group: q is exact in bf16, x stays bf16, products accumulate in
     float32 and each group's sum is scaled once. Input rows past M are zeros."""
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
     ms = tl.arange(0, BLOCK_M)
@@ -300,11 +342,13 @@ def _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS
 def _fp8_dot_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_om,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[:M, rows] = (x @ q[rows].T) * scale[rows] on tensor cores, in fp16: e4m3 values
     are exact in fp16, x rounds to it (clamped to its range; three more mantissa bits than
     bf16), and products accumulate in float32. Input rows past M are zeros."""
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
     ms = tl.arange(0, BLOCK_M)
@@ -348,7 +392,10 @@ def _split_fits(configs: list[triton.Config], named_args: dict, **kwargs) -> lis
     return [c for c in configs if c.kwargs["SPLIT_K"] == 1 or named_args["N"] <= SPLIT_MAX_OUT]
 
 
-_rowwise_tuned = _tuned_per_rows(_rowwise_kernel, _CONFIGS, key=["N", "K"])
+_rowwise_tuned = _tuned_per_rows(
+    _rowwise_kernel, _CONFIGS, key=["N", "K"],
+    prune_configs_by={"early_config_prune": _split_fits},
+)  # fmt: skip
 _grouped_tuned = _tuned_per_rows(_grouped_kernel, _GROUPED_CONFIGS, key=["N", "K", "GROUP"])
 _int4_dot_tuned = _tuned_per_rows(
     _int4_dot_kernel, _INT4_DOT_CONFIGS, key=["N", "K", "GROUP"],
@@ -358,8 +405,8 @@ _int8_dot_tuned = _tuned_per_rows(_int8_dot_kernel, _INT8_DOT_CONFIGS, key=["N",
 _fp8_dot_tuned = _tuned_per_rows(_fp8_dot_kernel, _DOT_CONFIGS, key=["N", "K"])
 
 
-def _per_row_grid(n: int, rows: int) -> Callable[[dict], tuple[int, int]]:
-    return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), rows)
+def _per_row_grid(n: int, rows: int) -> Callable[[dict], tuple[int, int, int]]:
+    return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), rows, meta.get("SPLIT_K", 1))
 
 
 def _bias_arg(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -376,13 +423,14 @@ def _gemv(
     grid = _per_row_grid(n, x.shape[0])
     if scales.shape[1] == 1:
         _rowwise_tuned(x.shape[0])[grid](
-            x, q, scales, _bias_arg(x, bias), out, n, x.stride(0), q.stride(0), out.stride(0),
-            K=k, HAS_BIAS=bias is not None,
+            x, q, scales, _bias_arg(x, bias), out, *split_buffers(x.device), n, x.stride(0),
+            q.stride(0), out.stride(0), K=k, HAS_BIAS=bias is not None, **launch_options(x.device),
         )  # fmt: skip
         return out
     _grouped_tuned(x.shape[0])[grid](
         x, q, scales, _bias_arg(x, bias), out, n, x.stride(0), q.stride(0), scales.stride(0),
         out.stride(0), K=k, GROUP=k // scales.shape[1], HAS_BIAS=bias is not None,
+        **launch_options(x.device),
     )  # fmt: skip
     return out
 
@@ -396,12 +444,13 @@ _split_buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 def split_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 partial sums, int32 arrival counts, zero between calls) for split-K: room
-    for any tile size of a matrix of up to SPLIT_MAX_OUT rows and DOT_MAX_ROWS inputs.
+    for any tile size of a matrix of up to SPLIT_MAX_OUT rows, at up to DOT_MAX_ROWS inputs
+    on tensor cores or GEMV_MAX_ROWS in the GEMV (whose tiles are one input row each).
 
     One set per device, made at first use (the engine's warm-up, before graph capture) and
     shared by every call: the model's matmuls run one after another on one stream."""
     if device not in _split_buffers:
-        tiles = SPLIT_MAX_OUT // 16 + 1  # the smallest BLOCK_N is 16
+        tiles = (SPLIT_MAX_OUT + 256) * GEMV_MAX_ROWS  # a count per output row: any BLOCK_N
         partials = torch.empty(
             (SPLIT_MAX_OUT + 256) * _SPLIT_MAX * DOT_MAX_ROWS, dtype=torch.float32, device=device
         )
@@ -422,7 +471,7 @@ def int8_matmul(
         _int8_dot_tuned(rows)[_dot_grid(n)](
             x, q, scales, _bias_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
             scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
-            HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
+            HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
         )  # fmt: skip
         return out
     w = (q.view(n, scales.shape[1], -1).to(x.dtype) * scales.to(x.dtype)[..., None]).view(n, k)
@@ -444,8 +493,8 @@ def int4_matmul(
         _int4_dot_tuned(rows)[_dot_grid(n)](
             x, words, scale_mins, _bias_arg(x, bias), out, *split_buffers(x.device), rows, n,
             x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0), K=k,
-            GROUP=k // groups,
-            HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
+            GROUP=k // groups, HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
+            **launch_options(x.device),
         )  # fmt: skip
         return out
     q = unpack_int4(words).view(n, groups, -1).to(x.dtype)
@@ -467,6 +516,7 @@ def fp8_matmul(
         _fp8_dot_tuned(rows)[_dot_grid(n)](
             x, q, scales, _bias_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
             out.stride(0), K=k, HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
+            **launch_options(x.device),
         )  # fmt: skip
         return out
     return F.linear(x, q.to(x.dtype) * scales.to(x.dtype), bias)

@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 triton = pytest.importorskip("triton")
 
+from kamado.pdl import launch_options  # noqa: E402
 from kamado.surgery import formats  # noqa: E402
 from kamado.surgery import triton_matmul as tm  # noqa: E402
 from kamado.surgery.qlinear import Fp8Linear, Int4Linear, Int8Linear  # noqa: E402
@@ -99,11 +100,41 @@ def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
             x, module.packed, module.scale_mins, module.bias, out, *tm.split_buffers(x.device),
             rows, n, x.stride(0), module.packed.stride(0), module.scale_mins.stride(0),
             out.stride(0), K=k, GROUP=128, HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(CUDA),
         )  # fmt: skip
         return out
 
     first, second = run(), run()
     expected = x.float() @ formats.dequantize_int4(q, scales, mins).T + module.bias.float()
+    assert float((first.float() - expected).norm() / expected.norm()) < TOLERANCE
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("config", tm._CONFIGS, ids=str)
+@pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=needs_fp8)])
+def test_every_gemv_tile_configuration_matches_and_repeats_bit_for_bit(config, fmt):
+    """The int8/fp8 GEMV (a scale per row) in each configuration the autotuner may pick:
+    the same result as the dequantized weight, and the same bits on a second call."""
+    n, k, rows = 3000, 3000, 2  # K a multiple of no BLOCK_K: partial steps, unequal splits
+    quantize, dequantize = {
+        "int8": (formats.quantize_int8, formats.dequantize_int8),
+        "fp8": (formats.quantize_fp8, formats.dequantize_fp8),
+    }[fmt]
+    q, scales = quantize(weight(n, k))
+    bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+
+    def run() -> torch.Tensor:
+        out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
+        meta = dict(config.kwargs)
+        tm._rowwise_kernel[(triton.cdiv(n, meta["BLOCK_N"]), rows, meta["SPLIT_K"])](
+            x, q, scales, bias, out, *tm.split_buffers(x.device), n, x.stride(0), q.stride(0),
+            out.stride(0), K=k, HAS_BIAS=True, **meta, num_warps=config.num_warps,
+            **launch_options(CUDA),
+        )  # fmt: skip
+        return out
+
+    first, second = run(), run()
+    expected = x.float() @ dequantize(q, scales).T + bias.float()
     assert float((first.float() - expected).norm() / expected.norm()) < TOLERANCE
     assert torch.equal(first, second)

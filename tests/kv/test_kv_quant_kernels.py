@@ -37,7 +37,8 @@ def test_the_store_kernel_quantizes_with_the_torch_roundings(kv, qmax, rounding)
         "k_ptr": "*bf16", "v_ptr": "*bf16", "k_cache": codes, "v_cache": codes,
         "k_scale": "*fp32", "v_scale": "*fp32", "slot_mapping": "*i64",
     } | ints("stride_k", "stride_v", "stride_slot", "stride_sslot")  # fmt: skip
-    constants = {"KV_HEADS": 8, "HEADS_PAD": 8, "HEAD_DIM": 128, "QMAX": qmax, "INT8": kv == "int8"}
+    constants = {"KV_HEADS": 8, "HEADS_PAD": 8, "HEAD_DIM": 128, "QMAX": qmax, "INT8": kv == "int8",
+                 "PDL": True}  # fmt: skip
     code = ptx(kernels._store_kv_quant_kernel, signature, constants)
     assert "div.rn.f32" in code and "div.full.f32" not in code
     assert rounding in code
@@ -53,10 +54,11 @@ def test_the_attention_kernels_compile_for_each_cache_format(kv):
     decode |= ints("stride_bt", "stride_mb", "stride_mh", "stride_ms") | {"qk_scale": "fp32"}
     decode |= ints("window", "num_splits")
     for split in (False, True):
-        ptx(kernels._decode_split_kernel, decode, {
+        code = ptx(kernels._decode_split_kernel, decode, {
             "GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_N": 64,
-            "SPLIT": split, "SCALED": kv != "auto",
+            "SPLIT": split, "SCALED": kv != "auto", "PDL": True,
         })  # fmt: skip
+        assert "griddepcontrol.wait" in code  # launched early (kamado.pdl), it waits
     extend = {"q_ptr": "*bf16", **common, "mid_out": "*fp32", "mid_lse": "*fp32",
               "block_tables": "*i32", "query_start": "*i32", "query_lens": "*i32",
               "context_lens": "*i32"}  # fmt: skip
@@ -73,5 +75,6 @@ def test_the_attention_kernels_compile_for_each_cache_format(kv):
 def test_the_merge_kernel_compiles_for_any_split_count():
     signature = {"mid_out": "*fp32", "mid_lse": "*fp32", "out_ptr": "*bf16"}
     signature |= ints("stride_mb", "stride_mh", "stride_ms", "stride_ot", "stride_oh", "num_splits")
-    code = ptx(kernels._merge_splits_kernel, signature, {"HEAD_DIM": 128, "SPLITS_PAD": 64})
+    constants = {"HEAD_DIM": 128, "SPLITS_PAD": 64, "PDL": False}
+    code = ptx(kernels._merge_splits_kernel, signature, constants)
     assert ".entry" in code

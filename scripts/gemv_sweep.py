@@ -1,0 +1,96 @@
+"""Bytes per second of the CUDA int8/fp8 GEMV (triton_matmul._rowwise_kernel, a scale per
+row) for each tile configuration, at Qwen3-8B's projection shapes: what the autotuner
+chooses among, so the list it gets can be the configurations that win somewhere. bf16
+weights (scales of one) show what the same kernel would do beside cuBLAS, whose figure
+for the shape is printed first.
+
+    python scripts/gemv_sweep.py [ROWS]
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+import triton
+from gemv_bandwidth import ROTATED_BYTES, graph_ms
+
+from kamado.pdl import launch_options
+from kamado.surgery import formats
+from kamado.surgery import triton_matmul as tm
+
+SHAPES = [(6144, 4096), (4096, 4096), (4096, 12288), (24576, 4096)]
+# (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)
+CONFIGS = [
+    (8, 512, 4, 3, 1), (16, 1024, 8, 3, 1), (8, 2048, 8, 3, 1), (4, 1024, 4, 3, 1),
+    (8, 1024, 4, 3, 2), (8, 1024, 4, 3, 4), (16, 512, 4, 3, 4), (4, 1024, 4, 3, 4),
+    (16, 1024, 8, 3, 4), (4, 512, 4, 3, 8), (8, 512, 4, 3, 8), (16, 512, 4, 3, 8),
+    (2, 1024, 4, 3, 4), (4, 2048, 8, 3, 4), (16, 256, 4, 3, 8), (2, 512, 2, 3, 8),
+]  # fmt: skip
+
+
+def tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
+    """Weight bytes read per second by the kernel in one configuration, rotated over copies,
+    each call launched with programmatic dependent launch (kamado.pdl) or without."""
+    bn, bk, warps, stages, split = config
+    options = launch_options(x.device) if pdl else {"PDL": False}
+    n, rows = copies[0][0].shape[0], x.shape[0]
+    if split > 1 and n > tm.SPLIT_MAX_OUT:
+        return float("nan")
+    out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+
+    def call(q: torch.Tensor, scales: torch.Tensor) -> None:
+        tm._rowwise_kernel[(triton.cdiv(n, bn), rows, split)](
+            x, q, scales, x, out, *tm.split_buffers(x.device), n, x.stride(0), q.stride(0),
+            out.stride(0), K=k, HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            num_warps=warps, num_stages=stages, **options,
+        )  # fmt: skip
+
+    ms = graph_ms([lambda w=w: call(*w) for w in copies])
+    return copies[0][0].nbytes / (ms / 1e3)
+
+
+def cublas_tb_per_s(copies: list, x: torch.Tensor) -> float:
+    ms = graph_ms([lambda w=w: x @ w[0].T for w in copies])
+    return copies[0][0].nbytes / (ms / 1e3)
+
+
+def unquantized(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return w.to(torch.bfloat16), torch.ones(w.shape[0], 1, device=w.device)
+
+
+def main() -> None:
+    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    formats_swept = [
+        ("fp8", formats.quantize_fp8), ("int8", formats.quantize_int8), ("bf16", unquantized),
+    ]  # fmt: skip
+    for name, quantize in formats_swept:
+        print(f"{name}, a scale per row, input rows {rows}: TB/s of weight bytes per config")
+        shapes = " ".join(f"{n:>5d}x{k:<5d}" for n, k in SHAPES)
+        print(f"    (BLOCK_N, BLOCK_K, warps, stages, split) | {shapes}")
+        copies = {}
+        for n, k in SHAPES:
+            q, scales = quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+            count = max(2, -(-ROTATED_BYTES // q.nbytes))
+            copies[n, k] = [(q.clone(), scales) for _ in range(count)]
+        x = {k: torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _, k in SHAPES}
+        if name == "bf16":
+            cublas = [cublas_tb_per_s(copies[n, k], x[k]) for n, k in SHAPES]
+            print(f"{'cuBLAS':>32s} | " + " ".join(f"{c / 1e12:11.2f}" for c in cublas))
+        for config, pdl in itertools.product(CONFIGS, (False, True)):
+            cells = []
+            for n, k in SHAPES:
+                try:
+                    tb_s = tb_per_s(config, pdl, k, copies[n, k], x[k])
+                    cells.append(f"{tb_s / 1e12:11.2f}")
+                except Exception as error:  # noqa: BLE001 - a config that does not build
+                    cells.append(f"{type(error).__name__[:11]:>11s}")
+            label = f"{config!s}{' pdl' if pdl else ''}"
+            print(f"{label:>32s} | " + " ".join(cells), flush=True)
+        del copies
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
