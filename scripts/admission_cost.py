@@ -1,7 +1,8 @@
 """Host time of the engine loop's prefix-cache bookkeeping for an agent's follow-up turns:
-the schedule() that admits each turn (block keys, lookups, taking the cached blocks) and
-every step's time. A tiny random model keeps the model's own share small, so what grows
-with the prompt is the bookkeeping that stalls every other agent's decode step.
+the schedule() that admits each turn (block keys, lookups, taking the cached blocks), the
+release of its blocks to the cache when it ends, and every step's time. A tiny random
+model keeps the model's own share small, so what grows with the prompt is the bookkeeping
+that stalls every other agent's decode step.
 
     python scripts/admission_cost.py [PROMPT_TOKENS]
 """
@@ -39,12 +40,21 @@ def main() -> None:
         return batch
 
     engine.scheduler.schedule = timed_schedule
+    release, releasing = engine.prefix.release, []
+
+    def timed_release(seq) -> None:  # a turn's end: its blocks go back to the cache
+        started = time.perf_counter()
+        release(seq)
+        releasing.append(time.perf_counter() - started)
+
+    engine.prefix.release = timed_release
     rng = random.Random(0)
     prompt = [rng.randrange(3, 128) for _ in range(prompt_len)]
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     for turn in range(TURNS):
         engine.add_request(f"turn-{turn}", prompt, params, session="agent")
         admitting.clear()
+        releasing.clear()
         steps, output = [], []
         while engine.has_work():
             started = time.perf_counter()
@@ -55,7 +65,8 @@ def main() -> None:
         shown = [round(s * 1e3, 1) for s in steps] if turn else f"{len(steps)} steps"
         print(
             f"turn {turn}: {len(prompt)} prompt tokens; the admitting schedule() "
-            f"{admitting[0] * 1e3:.2f} ms; steps (ms): {shown}",
+            f"{admitting[0] * 1e3:.2f} ms; releasing its blocks {sum(releasing) * 1e3:.2f} ms; "
+            f"steps (ms): {shown}",
             flush=True,
         )
         prompt = prompt + output + [rng.randrange(3, 128) for _ in range(NEW_TOKENS_A_TURN)]

@@ -118,14 +118,28 @@ class BlockPool:
     def release(self, block: int, session: str | None = None, depth: int = 0) -> None:
         """One reader is done; a keyed block stays cached (owned by `session`, at `depth`
         in its chain) until its slot is needed."""
-        assert self.ref_counts[block] > 0, "releasing a free block"
-        self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
-            if block in self.key_of:
-                self.evictable.add(block, session, depth)
-            else:
-                self._is_free[block] = True
-                self._num_free_blocks += 1
+        self.release_chain([block], session, depth)
+
+    def release_chain(
+        self, blocks: list[int], session: str | None = None, first_depth: int = 0
+    ) -> None:
+        """A reader is done with each of `blocks`, a chain from depth `first_depth` on (a
+        sequence's table): as `release`, in one pass."""
+        ref_counts, key_of = self.ref_counts, self.key_of
+        cached: list[tuple[int, int]] = []
+        freed: list[int] = []
+        for depth, block in enumerate(blocks, first_depth):
+            count = ref_counts[block]
+            assert count > 0, "releasing a free block"
+            ref_counts[block] = count - 1
+            if count == 1:
+                if block in key_of:
+                    cached.append((block, depth))
+                else:
+                    freed.append(block)
+        self._is_free[freed] = True
+        self._num_free_blocks += len(freed)
+        self.evictable.add_chain(cached, session)
 
     # ---- the prefix cache: blocks by content key ----------------------------------------
 

@@ -294,8 +294,7 @@ class PrefixCache:
             self.finish_restore(seq)
         self._keep_partial(seq)
         self._clear_in_flight(seq, seq.block_keys)
-        for depth, block in enumerate(seq.block_table):
-            self.pool.release(block, seq.session, depth)
+        self.pool.release_chain(seq.block_table, seq.session)
         seq.block_table = []
 
     def _partial_tail(self, seq: Sequence) -> tuple[bytes, list[int]] | None:

@@ -85,3 +85,27 @@ def test_an_agents_newest_turn_outlives_its_superseded_branch_and_idle_agents(ti
     assert all(engine.pool.lookup(k) is None for k in keys["old"][10:])  # superseded: gone
     idle_left = [engine.pool.lookup(k) is not None for k in keys["idle"]]
     assert idle_left == [True] * 8 + [False] * 2  # then the idle agent, from its tail
+
+
+def test_releasing_a_chain_at_once_caches_and_orders_as_one_block_at_a_time():
+    def pool_after(release) -> BlockPool:
+        pool = BlockPool(16)
+        for session in ("old", "new", None):
+            chain = [pool.allocate() for _ in range(4)]
+            for depth, block in enumerate(chain[:3]):  # the last block is not full: no key
+                pool.set_key(block, f"{session}-{depth}".encode())
+            pool.evictable.touch(session)
+            release(pool, chain, session)
+        return pool
+
+    def one_at_a_time(pool: BlockPool, chain: list[int], session: str | None) -> None:
+        for depth, block in enumerate(chain):
+            pool.release(block, session, depth)
+
+    def at_once(pool: BlockPool, chain: list[int], session: str | None) -> None:
+        pool.release_chain(chain, session)
+
+    expected, got = pool_after(one_at_a_time), pool_after(at_once)
+    assert got.num_cached == expected.num_cached == 9
+    assert got.num_free == expected.num_free == 16
+    assert drain(got.evictable) == drain(expected.evictable)
