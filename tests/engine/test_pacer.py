@@ -227,3 +227,21 @@ def test_a_size_runs_at_most_twice_the_layers_it_ran_before_in_a_step():
     assert pacer.staged_layers(16) == 2
     pacer.observe(3, 0, 0.040 + 2 * 0.00016, [(16, 2)])
     assert pacer.staged_layers(16) == 4
+
+
+def test_a_chunk_grows_only_while_its_cost_scaled_from_the_largest_size_still_fits():
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens in (8, 16, 32, 64):  # 2 ms a layer and 0.01 ms a token: 300 tokens would fit
+        pacer.observe(3, 0, 0.040 + 0.002 + 0.00001 * tokens, [(tokens, 1)])
+    # 64 tokens took 2.64 ms a layer; 96 in proportion, 3.96 ms, within 5 ms a layer.
+    assert pacer.staged_chunk_tokens() == 96
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for _ in range(5):
+        for tokens in (8, 16, 32):  # 2 ms a layer at any size: the weights are read anyway
+            pacer.observe(3, 0, 0.042, [(tokens, 1)])
+    pacer.observe(3, 0, 0.040 + 0.0039, [(64, 1)])  # but 64 tokens take 3.9 ms a layer
+    # The line through them says 96 tokens fit in 5 ms a layer; in proportion from 64
+    # they would take 5.85 ms: no chunk larger than 64.
+    assert pacer.staged_chunk_tokens() == 64
