@@ -1,10 +1,14 @@
-"""Cost of the torch backend's attention for a few queries over a long context, per layer.
+"""Cost of the torch backend's attention for a few queries over a long context, per layer:
+its plain-matmul path beside scaled_dot_product_attention with the same mask, the path it
+takes for chunks past MATMUL_ATTENTION_MAX_QUERIES.
 
 Why the CPU fairness target is hard at 16k tokens: even one or two prompt tokens must
 attend to the whole context in every layer. Shapes default to qwen2.5-coder-0.5b
-(14 query heads, 2 KV heads, head dim 64), bf16.
+(14 query heads, 2 KV heads, head dim 64), in float32 (what the engine runs on a CPU
+without native bf16).
 
     .venv/bin/python scripts/attention_cost.py [--contexts 1024 4096 16384] [--queries 1 2 8]
+        [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 from kamado.attention.torch_backend import matmul_attention
 
@@ -37,9 +42,10 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = p.parse_args()
     torch.manual_seed(0)
-    dtype = torch.bfloat16
+    dtype = getattr(torch, args.dtype)
     for ctx in args.contexts:
         keys = torch.randn(1, ctx, args.kv_heads, args.head_dim, dtype=dtype)
         values = torch.randn(1, ctx, args.kv_heads, args.head_dim, dtype=dtype)
@@ -48,9 +54,18 @@ def main() -> None:
             q_pos = torch.arange(ctx - n_q, ctx)[:, None]
             mask = (torch.arange(ctx)[None, :] <= q_pos)[None]
             us = per_call_us(lambda: matmul_attention(q, keys, values, mask))  # noqa: B023
+            heads_first = [t[0].transpose(0, 1) for t in (q, keys, values)]
+            sdpa_us = per_call_us(
+                lambda: F.scaled_dot_product_attention(
+                    *heads_first,  # noqa: B023
+                    attn_mask=mask[0],  # noqa: B023
+                    enable_gqa=True,
+                )
+            )
             print(
-                f"context {ctx:6d}, {n_q} queries: {us / 1e3:6.2f} ms a layer, "
-                f"{us * args.layers / 1e3:6.1f} ms over {args.layers} layers"
+                f"context {ctx:6d}, {n_q:4d} queries: {us / 1e3:7.2f} ms a layer, "
+                f"{us * args.layers / 1e3:7.1f} ms over {args.layers} layers; "
+                f"scaled_dot_product_attention {sdpa_us / 1e3:7.2f} ms a layer"
             )
 
 

@@ -13,9 +13,14 @@ from kamado.kv.cache import KVCache
 # Single-token decodes with contexts up to this long run as one padded batch (their K/V
 # gathered); a longer one reads its own K/V as a view, uncopied, and pads nobody else.
 BATCHED_DECODE_MAX_CONTEXT = 512
-# Chunks of up to this many queries use plain matmuls: on CPU, scaled_dot_product_attention
-# takes its generic path for a few queries against a long context and is many times slower.
-MATMUL_ATTENTION_MAX_QUERIES = 16
+# Chunks of up to this many queries use plain matmuls, by the dtype they run in: on CPU,
+# scaled_dot_product_attention with a mask takes its generic path and is slower for a few
+# queries against a long context. In float32 on this 2-core CPU, plain matmuls were faster
+# up to 128 queries (24 queries over 7k keys: 8.9 ms a layer against 46) and level at 128
+# over 16k (`python scripts/attention_cost.py --queries 16 32 96 128 192`); other dtypes
+# keep the bound measured before for one to a few queries.
+MATMUL_ATTENTION_MAX_QUERIES = {torch.float32: 128}
+MATMUL_ATTENTION_MAX_QUERIES_OTHER = 16
 
 
 @dataclass
@@ -128,7 +133,8 @@ class TorchAttention:
             span = slice(where, where + ctx) if isinstance(where, int) else where
             keys, values = cache.read(layer, span)
             q_seq = q[row : row + q_len]
-            if q_len <= MATMUL_ATTENTION_MAX_QUERIES:
+            most = MATMUL_ATTENTION_MAX_QUERIES.get(q.dtype, MATMUL_ATTENTION_MAX_QUERIES_OTHER)
+            if q_len <= most:
                 if causal:  # a short prompt attended as a whole: spell out its causal mask
                     mask = torch.ones(q_len, ctx, dtype=torch.bool, device=q.device).tril()
                 out[row : row + q_len] = matmul_attention(
