@@ -51,7 +51,7 @@ class EvictionOrder:
         for block, depth in blocks:
             self._clock += 1
             self._blocks[block] = (session, depth, self._clock)
-            priority = (1, self._clock if active is None else active, -depth)
+            priority = _rank(False, self._clock if active is None else active, depth)
             heapq.heappush(self._heap, (priority, block))
         if len(self._heap) > 4 * len(self._blocks) + 64:  # drop entries of reused blocks
             self._heap = [(self._priority(b), b) for b in self._blocks]
@@ -83,4 +83,10 @@ class EvictionOrder:
     def _priority(self, block: int) -> tuple[int, int, int]:
         session, depth, released = self._blocks[block]
         active = self._sessions.get(session, released) if session is not None else released
-        return (0 if block in self._superseded else 1, active, -depth)
+        return _rank(block in self._superseded, active, depth)
+
+
+def _rank(superseded: bool, active: int, depth: int) -> tuple[int, int, int]:
+    """Heap order, first evicted first: superseded, then the least recently active, then
+    the deepest."""
+    return (0 if superseded else 1, active, -depth)
