@@ -7,6 +7,10 @@ matmul, attention and the rest. The span against the bytes the step reads says h
 from the copy-bandwidth roofline each part leaves decode.
 
     python scripts/decode_profile.py [--bf16] [--surgery fp8] [--steps 20] [--pdl on|off|both]
+        [--dense-gemv on|off|both]
+
+--dense-gemv off runs bf16 projections and the head through cuBLAS at every batch size,
+not through the GEMV of triton_matmul.dense_matmul.
 
 With programmatic dependent launch (kamado.pdl) kernels overlap: a kernel launched early
 counts its wait, so the span, not the sum over kernels, is the step's GPU time.
@@ -15,6 +19,7 @@ counts its wait, so the span, not the sum over kernels, is the step's GPU time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from collections import defaultdict
 
@@ -27,11 +32,13 @@ from kamado.bench.throughput import random_prompts
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
+from kamado.surgery import triton_matmul
 
 MATMUL_MARKS = ("gemv", "gemm", "nvjet", "cutlass", "sm90_", "_rowwise", "_dot_kernel", "splitk")
 WARM_STEPS = 100
 TIMED_STEPS = 200
 ATTENTION_MARKS = ("attention", "attn", "decode_kernel", "_paged")
+SWITCH = {"on": [True], "off": [False], "both": [False, True]}
 
 
 def kind_of(name: str) -> str:
@@ -43,8 +50,11 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_decode(model: str, surgery: tuple[str, ...], steps: int, show: int, pdl: bool) -> None:
+def profile_decode(
+    model: str, surgery: tuple[str, ...], steps: int, show: int, pdl: bool, dense_gemv: bool
+) -> None:
     pdl_module.enabled = pdl
+    triton_matmul.dense_gemv = dense_gemv
     config = EngineConfig(
         model=model, device="cuda", dtype="bfloat16", speculation="off", surgery=surgery,
         kv_cache_bytes=2 << 30, max_num_seqs=4,
@@ -79,6 +89,7 @@ def profile_decode(model: str, surgery: tuple[str, ...], steps: int, show: int, 
     for name, times in per_name.items():
         per_kind[kind_of(name)] += sum(times)
     label = ("+".join(surgery) or "bf16") + ("" if pdl else ", PDL off")
+    label += "" if dense_gemv else ", dense GEMV off"
     print(f"\n== {model} {label}: decode {tok_s:.1f} tok/s at batch 1 ({TIMED_STEPS} steps)")
     print(f"profiled {steps} steps:")
     print(
@@ -106,13 +117,13 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="also a run without surgery")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--show", type=int, default=25)
-    parser.add_argument("--pdl", choices=["on", "off", "both"], default="on")
+    parser.add_argument("--pdl", choices=SWITCH, default="on")
+    parser.add_argument("--dense-gemv", choices=SWITCH, default="on")
     args = parser.parse_args()
     runs = ([()] if args.bf16 or not args.surgery else []) + [(s,) for s in args.surgery]
-    pdl_runs = {"on": [True], "off": [False], "both": [False, True]}[args.pdl]
     for surgery in runs:
-        for pdl in pdl_runs:
-            profile_decode(args.model, surgery, args.steps, args.show, pdl)
+        for pdl, dense_gemv in itertools.product(SWITCH[args.pdl], SWITCH[args.dense_gemv]):
+            profile_decode(args.model, surgery, args.steps, args.show, pdl, dense_gemv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Bytes per second of the CUDA int8/fp8 GEMV (triton_matmul._rowwise_kernel, a scale per
 row) for each tile configuration, at Qwen3-8B's projection shapes: what the autotuner
 chooses among, so the list it gets can be the configurations that win somewhere. bf16
-weights (scales of one) show what the same kernel would do beside cuBLAS, whose figure
-for the shape is printed first.
+weights (no scales: triton_matmul.dense_matmul) run beside cuBLAS, whose figure for the
+shape is printed first. The last shape is the output head.
 
-    python scripts/gemv_sweep.py [ROWS]
+    python scripts/gemv_sweep.py [ROWS [FORMAT ...]]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kamado.pdl import launch_options
 from kamado.surgery import formats
 from kamado.surgery import triton_matmul as tm
 
-SHAPES = [(6144, 4096), (4096, 4096), (4096, 12288), (24576, 4096)]
+SHAPES = [(6144, 4096), (4096, 4096), (4096, 12288), (24576, 4096), (151936, 4096)]
 # (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)
 CONFIGS = [
     (8, 512, 4, 3, 1), (16, 1024, 8, 3, 1), (8, 2048, 8, 3, 1), (4, 1024, 4, 3, 1),
@@ -40,11 +40,12 @@ def tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) ->
         return float("nan")
     out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
 
-    def call(q: torch.Tensor, scales: torch.Tensor) -> None:
+    def call(q: torch.Tensor, scales: torch.Tensor | None) -> None:
         tm._rowwise_kernel[(triton.cdiv(n, bn), rows, split)](
-            x, q, scales, x, out, *tm.split_buffers(x.device), n, x.stride(0), q.stride(0),
-            out.stride(0), K=k, HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            num_warps=warps, num_stages=stages, **options,
+            x, q, x if scales is None else scales, x, out, *tm.split_buffers(x.device), n,
+            x.stride(0), q.stride(0), out.stride(0), K=k, HAS_SCALE=scales is not None,
+            HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps,
+            num_stages=stages, **options,
         )  # fmt: skip
 
     ms = graph_ms([lambda w=w: call(*w) for w in copies])
@@ -56,17 +57,19 @@ def cublas_tb_per_s(copies: list, x: torch.Tensor) -> float:
     return copies[0][0].nbytes / (ms / 1e3)
 
 
-def unquantized(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return w.to(torch.bfloat16), torch.ones(w.shape[0], 1, device=w.device)
+def unquantized(w: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return w.to(torch.bfloat16), None
 
 
 def main() -> None:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    formats_swept = [
-        ("fp8", formats.quantize_fp8), ("int8", formats.quantize_int8), ("bf16", unquantized),
-    ]  # fmt: skip
-    for name, quantize in formats_swept:
-        print(f"{name}, a scale per row, input rows {rows}: TB/s of weight bytes per config")
+    formats_swept = {
+        "fp8": formats.quantize_fp8, "int8": formats.quantize_int8, "bf16": unquantized,
+    }  # fmt: skip
+    for name in sys.argv[2:] or formats_swept:
+        quantize = formats_swept[name]
+        scaled = "" if name == "bf16" else ", a scale per row"
+        print(f"{name}{scaled}, input rows {rows}: TB/s of weight bytes per config")
         shapes = " ".join(f"{n:>5d}x{k:<5d}" for n, k in SHAPES)
         print(f"    (BLOCK_N, BLOCK_K, warps, stages, split) | {shapes}")
         copies = {}

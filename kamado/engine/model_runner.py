@@ -65,6 +65,7 @@ class ModelRunner:
             if engine_config.cuda_graphs:
                 self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)
             self._warm_chunk_shapes(engine_config.max_num_batched_tokens, num_blocks)
+            self._warm_head(engine_config.max_num_seqs, dtype)
 
     def _compile_attention_kernels(self, model_config: ModelConfig, dtype: torch.dtype) -> None:
         from kamado.attention.triton_backend import TritonAttention
@@ -84,6 +85,17 @@ class ModelRunner:
             state = self.forward.embed(torch.zeros(size, dtype=torch.long, device=self.device))
             positions = torch.arange(size, device=self.device)
             self.forward.run_layers(state, positions, ctx, range(1))
+        torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def _warm_head(self, max_rows: int, dtype: torch.dtype) -> None:
+        """Compute logits once for each chunk size of rows up to max_rows. The head runs
+        outside the decode graphs, and its first call at a new row count picks (cuBLAS) or
+        tunes (the Triton GEMVs) its kernel, which would stall the step it fell in."""
+        hidden_size = self.model.config.hidden_size
+        for rows in chunk_sizes(max_rows):
+            hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=self.device)
+            self.forward.logits(hidden)
         torch.cuda.synchronize(self.device)
 
     def _capture_decode_graphs(
@@ -177,7 +189,7 @@ class ModelRunner:
         step = Launched(batch, groups, started, one_row_each)
         if not sampled:
             return step
-        logits = self.model.logits(sampled[0] if len(sampled) == 1 else torch.cat(sampled))
+        logits = self.forward.logits(sampled[0] if len(sampled) == 1 else torch.cat(sampled))
         if masks is not None:
             masks.apply(logits)  # where the logits are
         if all(plain_greedy(s.params) for s in row_seqs):

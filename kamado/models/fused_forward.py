@@ -8,10 +8,25 @@ gate/up matmul, SiLU*up, down: about a dozen kernels instead of some sixty.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
+from torch import nn
 
 from kamado.models.fused_kernels import qk_norm_rope, rms_norm, silu_mul
 from kamado.models.transformer import LayerState, StepContext, Transformer, full_pass
+from kamado.surgery.triton_matmul import dense_matmul
+
+Projection = Callable[[torch.Tensor], torch.Tensor]
+
+
+def projection(module: nn.Module) -> Projection:
+    """A plain linear as dense_matmul (a GEMV for decode-sized inputs); a compressed one is
+    called as it is."""
+    if type(module) is nn.Linear:
+        return partial(dense_matmul, weight=module.weight, bias=module.bias)
+    return module
 
 
 class FusedForward:
@@ -21,6 +36,7 @@ class FusedForward:
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.eps = c.rms_norm_eps
         self.num_layers = c.num_layers
+        self.head = projection(model.lm_head)
         self.layers = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -29,13 +45,13 @@ class FusedForward:
             self.layers.append(
                 dict(
                     input_norm=layer.input_layernorm.weight,
-                    qkv=attn.qkv_proj,
+                    qkv=projection(attn.qkv_proj),
                     q_norm=None if attn.q_norm is None else attn.q_norm.weight,
                     k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-                    o=attn.o_proj,
+                    o=projection(attn.o_proj),
                     post_norm=layer.post_attention_layernorm.weight,
-                    gate_up=mlp.gate_up_proj,
-                    down=mlp.down_proj,
+                    gate_up=projection(mlp.gate_up_proj),
+                    down=projection(mlp.down_proj),
                 )
             )
 
@@ -77,3 +93,6 @@ class FusedForward:
         x, residual = state
         hidden, _ = rms_norm(x, self.model.model.norm.weight, self.eps, residual)
         return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden).float()

@@ -119,6 +119,10 @@ class ForwardPass(Protocol):
 
     def final_norm(self, state: LayerState) -> torch.Tensor: ...
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [T, hidden] -> float32 logits [T, vocab]."""
+        ...
+
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: StepContext
     ) -> torch.Tensor: ...

@@ -136,7 +136,7 @@ def teacher_forced_logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
     hidden = runner.forward(
         torch.tensor(ids, device=device), torch.arange(len(ids), device=device), ctx
     )
-    return runner.model.logits(hidden).cpu()
+    return runner.forward.logits(hidden).cpu()
 
 
 def _perplexity(logits: torch.Tensor, ids: list[int]) -> float:

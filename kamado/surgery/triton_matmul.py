@@ -30,6 +30,9 @@ from kamado.surgery.formats import unpack_int4
 GEMV_MAX_ROWS = 2
 DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
 DOT_MIN_OUT = 16384  # output rows from which the tensor-core kernel wins at 1-2 input rows
+# False: dense_matmul is F.linear throughout (scripts/decode_profile.py --dense-gemv
+# compares the two); read at each call, so it holds for graphs captured after it is set.
+dense_gemv = True
 
 _CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=w)
@@ -78,10 +81,11 @@ def _store_row(out, b_ptr, out_row_ptr, rows, rows64, N, HAS_BIAS: tl.constexpr)
 @triton.jit
 def _rowwise_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, N, stride_xm, stride_wn,
-    stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    stride_om, K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row.
+    """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row;
+    or bf16/fp16 weights as they are, without scales (dense_matmul).
 
     Rows past N are clamped to the last row (read, never stored) so weight loads need no
     mask when BLOCK_K divides K; pointers advance by BLOCK_K instead of being recomputed.
@@ -117,7 +121,8 @@ def _rowwise_kernel(
             out, tl.arange(0, BLOCK_N), partial_ptr, arrived_ptr, tile, split, BLOCK_N, SPLIT_K
         )
     if last:
-        out *= tl.load(s_ptr + rows64).to(tl.float32)
+        if HAS_SCALE:
+            out *= tl.load(s_ptr + rows64).to(tl.float32)
         _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
@@ -414,17 +419,18 @@ def _bias_arg(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 def _gemv(
-    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """int8 or fp8 rows, a scale per row or per group."""
+    """int8 or fp8 rows with a scale per row or per group, or bf16/fp16 rows (no scales)."""
     x = x.contiguous()
     n, k = q.shape
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     grid = _per_row_grid(n, x.shape[0])
-    if scales.shape[1] == 1:
+    if scales is None or scales.shape[1] == 1:
         _rowwise_tuned(x.shape[0])[grid](
-            x, q, scales, _bias_arg(x, bias), out, *split_buffers(x.device), n, x.stride(0),
-            q.stride(0), out.stride(0), K=k, HAS_BIAS=bias is not None, **launch_options(x.device),
+            x, q, x if scales is None else scales, _bias_arg(x, bias), out,
+            *split_buffers(x.device), n, x.stride(0), q.stride(0), out.stride(0), K=k,
+            HAS_SCALE=scales is not None, HAS_BIAS=bias is not None, **launch_options(x.device),
         )  # fmt: skip
         return out
     _grouped_tuned(x.shape[0])[grid](
@@ -456,6 +462,15 @@ def split_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         )
         _split_buffers[device] = partials, torch.zeros(tiles, dtype=torch.int32, device=device)
     return _split_buffers[device]
+
+
+def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear, with decode-sized inputs through the GEMV: on Qwen3-8B's projections it
+    reads bf16 weights faster than cuBLAS (scripts/gemv_sweep.py), and as a Triton kernel
+    it launches with PDL, so a layer's kernels all overlap their neighbours."""
+    if dense_gemv and x.shape[0] <= GEMV_MAX_ROWS:
+        return _gemv(x, weight, None, bias)
+    return F.linear(x, weight, bias)
 
 
 def int8_matmul(

@@ -27,7 +27,12 @@ FP8_TIE = 0.5
 
 
 def generate(
-    backend: str, graphs: bool, logprobs: int | None = None, fused: bool = True, kv: str = "auto"
+    backend: str,
+    graphs: bool,
+    logprobs: int | None = None,
+    fused: bool = True,
+    kv: str = "auto",
+    prompt_lens: list[int] = PROMPT_LENS,
 ) -> dict[str, list]:
     engine = EngineCore(
         EngineConfig(
@@ -38,11 +43,11 @@ def generate(
         )
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True, logprobs=logprobs)
-    for i, n in enumerate(PROMPT_LENS):
+    for i, n in enumerate(prompt_lens):
         engine.add_request(
             str(i), [(i * 7919 + j * 104729) % 30000 + 100 for j in range(n)], params
         )
-    tokens: dict[str, list] = {str(i): [] for i in range(len(PROMPT_LENS))}
+    tokens: dict[str, list] = {str(i): [] for i in range(len(prompt_lens))}
     while engine.has_work():
         for delta in engine.step():
             tokens[delta.request_id].extend(
@@ -66,7 +71,7 @@ def assert_same_up_to_bf16_ties(
             assert token in runner_up, (rid, pos)
             assert entry.logprob - runner_up[token] < tie, (rid, pos)
             break  # the sequences differ from here on: nothing left to compare
-    assert matched >= len(PROMPT_LENS) * GEN_LEN // 2
+    assert matched >= len(reference) * GEN_LEN // 2
 
 
 def test_cuda_graphs_follow_the_eager_decode():
@@ -81,6 +86,13 @@ def test_greedy_tokens_match_the_plain_torch_model_up_to_bf16_ties():
     reference = generate("torch", graphs=False, logprobs=2, fused=False)
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=True))
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=False, fused=False))
+
+
+@pytest.mark.parametrize("prompt_lens", [[300], [7, 1000]])
+def test_decodes_of_one_or_two_sequences_through_the_gemv_follow_the_plain_model(prompt_lens):
+    # At 1-2 rows the fused path's projections and head run triton_matmul's GEMV.
+    reference = generate("torch", False, logprobs=2, fused=False, prompt_lens=prompt_lens)
+    assert_same_up_to_bf16_ties(reference, generate("triton", True, prompt_lens=prompt_lens))
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp8"])

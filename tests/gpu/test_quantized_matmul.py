@@ -1,6 +1,7 @@
 """Compressed linears on CUDA (Triton GEMVs for 1-2 rows of int8 and fp8, tensor-core
 kernels for int4 and for up to 16 input rows, dequantize + cuBLAS beyond) against x @ W.T
-with W dequantized from the same compressed tensors in float32."""
+with W dequantized from the same compressed tensors in float32; and dense_matmul (the same
+GEMV on bf16 weights) against the float32 product."""
 
 from __future__ import annotations
 
@@ -110,15 +111,34 @@ def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
     assert torch.equal(first, second)
 
 
+@pytest.mark.parametrize("n,k", [*SHAPES, (3000, 896)])
+@pytest.mark.parametrize("rows", [1, 2, 3])  # 3: cuBLAS
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dense_matmul_matches_the_float32_product(n, k, rows, with_bias):
+    w = weight(n, k).to(torch.bfloat16)
+    bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16) if with_bias else None
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+    got = tm.dense_matmul(x, w, bias)
+    expected = x.float() @ w.float().T + (0 if bias is None else bias.float())
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    assert float((got.float() - expected).norm() / expected.norm()) < TOLERANCE
+
+
+def _bf16_unscaled(w: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return w.to(torch.bfloat16), None
+
+
 @pytest.mark.parametrize("config", tm._CONFIGS, ids=str)
-@pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=needs_fp8)])
+@pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=needs_fp8), "bf16"])
 def test_every_gemv_tile_configuration_matches_and_repeats_bit_for_bit(config, fmt):
-    """The int8/fp8 GEMV (a scale per row) in each configuration the autotuner may pick:
-    the same result as the dequantized weight, and the same bits on a second call."""
+    """The GEMV (int8/fp8 with a scale per row, or bf16 without) in each configuration the
+    autotuner may pick: the same result as the dequantized weight, and the same bits on a
+    second call."""
     n, k, rows = 3000, 3000, 2  # K a multiple of no BLOCK_K: partial steps, unequal splits
     quantize, dequantize = {
         "int8": (formats.quantize_int8, formats.dequantize_int8),
         "fp8": (formats.quantize_fp8, formats.dequantize_fp8),
+        "bf16": (_bf16_unscaled, lambda q, _: q.float()),
     }[fmt]
     q, scales = quantize(weight(n, k))
     bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
@@ -128,9 +148,9 @@ def test_every_gemv_tile_configuration_matches_and_repeats_bit_for_bit(config, f
         out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
         meta = dict(config.kwargs)
         tm._rowwise_kernel[(triton.cdiv(n, meta["BLOCK_N"]), rows, meta["SPLIT_K"])](
-            x, q, scales, bias, out, *tm.split_buffers(x.device), n, x.stride(0), q.stride(0),
-            out.stride(0), K=k, HAS_BIAS=True, **meta, num_warps=config.num_warps,
-            **launch_options(CUDA),
+            x, q, x if scales is None else scales, bias, out, *tm.split_buffers(x.device), n,
+            x.stride(0), q.stride(0), out.stride(0), K=k, HAS_SCALE=scales is not None,
+            HAS_BIAS=True, **meta, num_warps=config.num_warps, **launch_options(CUDA),
         )  # fmt: skip
         return out
 
