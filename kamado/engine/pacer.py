@@ -53,8 +53,9 @@ def chunk_sizes(up_to: int) -> list[int]:
 
 
 class PrefillPacer:
-    REMEASURE_EVERY = 64  # steps with prompt work between fresh decode-only measurements
-    DECODE_WINDOW = 9  # decode-only steps whose median is the normal gap
+    REMEASURE_EVERY = 64  # steps with prompt work between fresh decode-only measurements,
+    REMEASURE_SECONDS = 4.0  # or their seconds: a CPU's pace drifts by 10-15% in a minute
+    DECODE_WINDOW = 5  # decode-only steps whose median is the normal gap
     WINDOW = 32  # recent steps with prompt work the cost models are fitted on
     MIN_CHUNK = 1  # progress is guaranteed even when one token already costs too much
     MAX_GROWTH = 2  # a chunk is at most twice the largest one measured: no wild extrapolation
@@ -74,6 +75,7 @@ class PrefillPacer:
         self._staged: deque[Point] = deque(maxlen=self.WINDOW)  # per layer of staged chunks
         self._most_layers: dict[int, int] = {}  # chunk size -> most layers run in one step
         self._since_measure = 0
+        self._since_measure_s = 0.0
 
     @property
     def paces(self) -> bool:
@@ -88,7 +90,11 @@ class PrefillPacer:
 
     def _measure_first(self) -> bool:
         """Whether the next step should be decode-only, to learn (again) the normal gap."""
-        return not self._decode_steps or self._since_measure >= self.REMEASURE_EVERY
+        return (
+            not self._decode_steps
+            or self._since_measure >= self.REMEASURE_EVERY
+            or self._since_measure_s >= self.REMEASURE_SECONDS
+        )
 
     def _slack(self, factor: float) -> float:
         assert self.decode_step_s is not None
@@ -149,7 +155,14 @@ class PrefillPacer:
         own = statistics.fmean(e for t, e in self._staged if t == largest)
         if own * ceiling / largest > per_layer:
             ceiling = largest
-        fits = min(int((per_layer - fixed - error) / per_token), ceiling)
+        usable = per_layer - fixed - error
+        if usable > 0:
+            fits = min(int(usable / per_token), ceiling)
+        else:
+            # Nothing fits by the line (on CPU, 192-token chunks over a 16k context took
+            # 600 ms a layer where the line, unable to tell its parts, called it all
+            # fixed): smaller, in proportion to the largest size's own cost.
+            fits = int(largest * per_layer / own) if own > 0 else largest
         return max((n for n in sizes if n <= fits), default=sizes[0])
 
     def staged_layers(self, num_tokens: int) -> int:
@@ -173,8 +186,12 @@ class PrefillPacer:
         return max(1, min(int(self._slack(self.factor) / per_layer), 2 * most))
 
     def layer_cost_model(self) -> tuple[float, float, float]:
-        """(fixed s, s per token, typical error s) of one layer of a staged chunk."""
-        return _fit(list(self._staged), None)
+        """(fixed s, s per token, typical error s) of one layer of a staged chunk. Where
+        chunks of several sizes show no slope that stands out, the cost counts as fixed:
+        on CPU a step's noise (tens of ms) outweighs what a layer of a small chunk adds,
+        and that noise taken as a cost per token made each smaller chunk look dearer,
+        down to one token a chunk."""
+        return _fit(list(self._staged), None, unclear_as_fixed=True)
 
     # ---- measurements -----------------------------------------------------------------
 
@@ -194,13 +211,16 @@ class PrefillPacer:
             return
         if not num_prefill_tokens and not staged:
             self._decode_steps.append(seconds)
-            self._since_measure = 0
+            self._since_measure, self._since_measure_s = 0, 0.0
             return
         normal = self.decode_step_s
         if normal is None:
             return
-        extra = max(seconds - normal, 0.0)
+        # Not clipped at zero: decode-only steps vary around their median too (on CPU by
+        # tens of ms), and clipped differences average to a cost where there is none.
+        extra = seconds - normal
         self._since_measure += 1
+        self._since_measure_s += seconds
         if not staged:
             self._mixed.append((num_prefill_tokens, extra))
         elif not num_prefill_tokens and len(staged) == 1:
@@ -215,18 +235,26 @@ class PrefillPacer:
         return new if old is None else (1 - self.EMA) * old + self.EMA * new
 
 
-def _fit(points: list[Point], prior_per_token: float | None) -> tuple[float, float, float]:
+def _fit(
+    points: list[Point], prior_per_token: float | None, unclear_as_fixed: bool = False
+) -> tuple[float, float, float]:
     """(fixed s, s per token, typical error s) of a line through (tokens, extra s) points.
-    Without a slope that stands out from the noise, the cost is taken as all per token
-    (the average), or, where `prior_per_token` is cheaper, as that slope plus the rest."""
+    Without a slope that stands out from the noise, the cost is taken as all fixed where
+    `unclear_as_fixed` and the points are of several sizes; else as all per token (the
+    average), or, where `prior_per_token` is cheaper, as that slope plus the rest. (Points
+    of one size show no slope, whatever the cost per token: taken as fixed, a chunk too
+    large would keep its size for good.)"""
     mean_t = statistics.fmean(t for t, _ in points)
     mean_e = statistics.fmean(e for _, e in points)
     spread = sum((t - mean_t) ** 2 for t, _ in points)
     fixed, per_token = 0.0, mean_e / mean_t
     slope = sum((t - mean_t) * (e - mean_e) for t, e in points) / spread if spread else 0.0
     intercept = mean_e - slope * mean_t
-    if slope > 0 and intercept >= 0 and _stands_out(points, slope, intercept, spread):
+    clear = slope > 0 and _stands_out(points, slope, intercept, spread)
+    if clear and intercept >= 0:
         fixed, per_token = intercept, slope
+    elif not clear and unclear_as_fixed and spread > 0:
+        fixed, per_token = mean_e, 0.0
     elif prior_per_token is not None and prior_per_token < per_token:
         # The sizes seen cannot separate the parts: take the slope prefill alone shows.
         fixed, per_token = mean_e - prior_per_token * mean_t, prior_per_token

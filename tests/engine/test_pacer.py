@@ -245,3 +245,61 @@ def test_a_chunk_grows_only_while_its_cost_scaled_from_the_largest_size_still_fi
     # The line through them says 96 tokens fit in 5 ms a layer; in proportion from 64
     # they would take 5.85 ms: no chunk larger than 64.
     assert pacer.staged_chunk_tokens() == 64
+
+
+def test_staged_chunks_do_not_shrink_where_their_cost_is_step_noise():
+    """On CPU a step's noise (tens of ms) outweighs a layer of a small chunk. Where no slope
+    stands out of it, the cost counts as fixed: the chunk may grow a size. (Counted per
+    token, 60 ms over 1-3 tokens priced a token at 30 ms, and the chunks shrank each time
+    down to one token, a 16k prompt crawling at a few tokens a minute.)"""
+    pacer = PrefillPacer(1.5, 8192)
+    for seconds in (0.400, 0.380, 0.420):
+        pacer.observe(3, 0, seconds)
+    for tokens, extra in ((1, 0.070), (2, 0.045), (3, 0.065), (1, 0.050), (2, 0.075), (3, 0.055)):
+        pacer.observe(3, 0, 0.400 + extra, [(tokens, 1)])
+    fixed, per_token, error = pacer.layer_cost_model()
+    assert fixed == pytest.approx(0.060) and per_token < 1e-5
+    # 200 ms of slack, 100 ms a layer: 3 tokens took 60 ms a layer, 4 would take 80.
+    assert pacer.staged_chunk_tokens() == 4
+
+
+def test_steps_faster_than_the_normal_gap_count_as_negative_cost():
+    # Clipped at zero, the noise of steps around the normal gap would average to a cost.
+    pacer = PrefillPacer(1.5, 8192)
+    pacer.observe(3, 0, 0.400)
+    for tokens, seconds in ((8, 0.440), (8, 0.360), (16, 0.430), (16, 0.370)):
+        pacer.observe(3, 0, seconds, [(tokens, 1)])
+    fixed, per_token, _ = pacer.layer_cost_model()
+    assert fixed == pytest.approx(0.0, abs=1e-9) and per_token < 1e-5
+
+
+def test_the_normal_gap_is_measured_again_after_some_seconds_of_slow_steps():
+    # On CPU 64 steps are half a minute, over which the machine's pace drifts.
+    pacer = PrefillPacer(1.5, 8192)
+    pacer.observe(3, 0, 0.400)
+    steps = int(PrefillPacer.REMEASURE_SECONDS / 0.450) + 1
+    for _ in range(steps - 1):
+        pacer.observe(3, 0, 0.450, [(16, 1)])
+    assert pacer.staged_layers(16) > 0
+    pacer.observe(3, 0, 0.450, [(16, 1)])
+    assert pacer.staged_layers(16) == 0
+
+
+def test_where_nothing_fits_by_the_line_a_chunk_shrinks_in_proportion():
+    # 60 ms a layer at any of three sizes, over a 10 ms slack: no slope stands out, so the
+    # line calls it all fixed, and no size fits; 64 tokens scaled to 10 ms are 10.
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens in (32, 48, 64, 32, 48, 64):
+        pacer.observe(3, 0, 0.040 + 0.060, [(tokens, 1)])
+    assert pacer.staged_chunk_tokens() == 8
+
+
+def test_chunks_of_one_size_that_overrun_the_slack_shrink_in_proportion():
+    # Deep into a 128k prompt on a GPU: 384-token chunks take 7 ms a layer over a 1.9 ms
+    # slack. One size shows no slope, but the cost is no noise: the chunk must shrink.
+    pacer = PrefillPacer(1.25, 8192)
+    pacer.observe(3, 0, 0.0075)
+    for extra in (0.0069, 0.0071, 0.0070, 0.0072):
+        pacer.observe(3, 0, 0.0075 + extra, [(384, 1)])
+    assert pacer.staged_chunk_tokens() <= 96
