@@ -15,6 +15,7 @@ import gc
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from kamado.bench.throughput import random_prompts
 from kamado.config import EngineConfig
@@ -28,8 +29,7 @@ WORST_GAPS = 10  # the slowest steps beside the prompt kept in the results, a ga
 PROGRESS_SECONDS = 30.0  # how often a prefill beside the streams reports its progress
 
 
-@dataclass
-class Gap:
+class Gap(NamedTuple):
     seconds: float
     context: int  # the stream's length in tokens when its token arrived
     # The step that ended the gap: its forward pass (the rest of the gap is scheduling,
@@ -72,7 +72,10 @@ class Streams:
             engine.add_request(f"stream-{i}", prompt, params)
         self.last: dict[str, float] = {}
         self.length = {f"stream-{i}": STREAM_PROMPT for i in range(STREAMS)}
-        self.gaps: list[Gap] = []
+        # Kept as plain tuples of numbers, which the garbage collector stops tracking (a
+        # Gap, a tuple subclass, stays tracked): a run keeps tens of thousands, and as
+        # tracked objects they lengthened the collections whose pauses the gaps measure.
+        self._rows: list[tuple] = []
         self.gc_seconds = 0.0
         self._gc_started = 0.0
         gc.callbacks.append(self._time_gc)
@@ -96,19 +99,31 @@ class Streams:
             if d.request_id in self.length:
                 self.length[d.request_id] += 1
                 if d.request_id in self.last:
-                    self.gaps.append(
-                        Gap(now - self.last[d.request_id], self.length[d.request_id],
-                            stats.last_step_seconds, stats.last_step_prefill_tokens,
-                            stats.last_step_prefill_layers, gc_seconds, threads, stats.steps)
+                    self._rows.append(
+                        (now - self.last[d.request_id], self.length[d.request_id],
+                         stats.last_step_seconds, stats.last_step_prefill_tokens,
+                         stats.last_step_prefill_layers, gc_seconds, threads, stats.steps)
                     )  # fmt: skip
                 self.last[d.request_id] = now
         return {d.request_id for d in deltas}
 
+    @property
+    def count(self) -> int:
+        """Gaps recorded so far."""
+        return len(self._rows)
+
+    def gaps(self, start: int = 0) -> list[Gap]:
+        """The gaps recorded from the `start`-th on."""
+        return [Gap._make(row) for row in self._rows[start:]]
+
+    def worst_seconds(self, start: int) -> float:
+        return max((row[0] for row in self._rows[start:]), default=0.0)
+
     def alone(self, steps: int) -> list[Gap]:
-        start = len(self.gaps)
+        start = self.count
         for _ in range(steps):
             self.step()
-        return self.gaps[start:]
+        return self.gaps(start)
 
     def close(self) -> None:
         for request_id in self.length:
@@ -122,21 +137,21 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
     streams = Streams(engine)
     before = streams.alone(ALONE_STEPS)
     engine.add_request("long", long_prompt, SamplingParams(temperature=0.0, max_tokens=1))
-    start, started = len(streams.gaps), time.perf_counter()
+    start, started = streams.count, time.perf_counter()
     computed_before, reported = engine.stats.prompt_tokens_total, started
     while "long" not in streams.step():
         if (now := time.perf_counter()) - reported >= PROGRESS_SECONDS:
             # A long paced prefill runs for many minutes: show where it is.
             reported = now
             done = engine.stats.prompt_tokens_total - computed_before
-            worst = max((g.seconds for g in streams.gaps[start:]), default=0.0)
+            worst = streams.worst_seconds(start)
             print(
                 f"  {label}: {done} of {prompt_len} prompt tokens after {now - started:.0f} s, "
                 f"worst gap so far {worst * 1e3:.1f} ms",
                 flush=True,
             )
     prefill_seconds = time.perf_counter() - started
-    beside = streams.gaps[start:]
+    beside = streams.gaps(start)
     after = streams.alone(ALONE_STEPS)
     streams.close()
 

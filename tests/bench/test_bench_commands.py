@@ -1,10 +1,14 @@
 """`kamado bench` runs end to end and keeps what it measured (timings are not asserted)."""
 
+import gc
 import json
 
 import pytest
 
+from kamado.bench.fairness import STREAMS, Gap, Streams
 from kamado.cli import main
+from kamado.config import EngineConfig
+from kamado.engine.core import EngineCore
 
 TINY = "synthetic:tiny-qwen2"
 
@@ -137,3 +141,16 @@ def test_structured_bench_times_constrained_and_free_decoding_at_each_batch(tmp_
     for r in runs:
         assert r["decode_tok_s"] > 0 and r["step_ms"] > 0
         assert (r["mask_compute_ms"] > 0) == r["constrained"]
+
+
+def test_the_fairness_records_stay_out_of_the_garbage_collectors_scans():
+    # A long run keeps tens of thousands of gaps; tracked by the collector, they would
+    # lengthen the collections whose pauses the gaps measure.
+    engine = EngineCore(EngineConfig(model=TINY, device="cpu", speculation="off"))
+    streams = Streams(engine)
+    gaps = streams.alone(8)
+    gc.collect()
+    assert len(gaps) == 8 * STREAMS  # every stream decodes a token every step
+    assert not any(gc.is_tracked(row) for row in streams._rows)
+    assert all(isinstance(g, Gap) and g.seconds > 0 for g in streams.gaps())
+    streams.close()
