@@ -42,7 +42,7 @@ def tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) ->
 
     def call(q: torch.Tensor, scales: torch.Tensor | None) -> None:
         tm._rowwise_kernel[(triton.cdiv(n, bn), rows, split)](
-            x, q, x if scales is None else scales, x, out, *tm.split_buffers(x.device), n,
+            x, q, tm._optional_arg(x, scales), x, out, *tm.split_buffers(x.device), n,
             x.stride(0), q.stride(0), out.stride(0), K=k, HAS_SCALE=scales is not None,
             HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps,
             num_stages=stages, **options,

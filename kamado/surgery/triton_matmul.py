@@ -414,8 +414,10 @@ def _per_row_grid(n: int, rows: int) -> Callable[[dict], tuple[int, int, int]]:
     return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), rows, meta.get("SPLIT_K", 1))
 
 
-def _bias_arg(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return bias if bias is not None else x  # never read without HAS_BIAS
+def _optional_arg(x: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor:
+    """t, or x in its place where t is None: the kernel's flag for it (HAS_BIAS, HAS_SCALE)
+    is then off, and the pointer is never read."""
+    return t if t is not None else x
 
 
 def _gemv(
@@ -428,13 +430,13 @@ def _gemv(
     grid = _per_row_grid(n, x.shape[0])
     if scales is None or scales.shape[1] == 1:
         _rowwise_tuned(x.shape[0])[grid](
-            x, q, x if scales is None else scales, _bias_arg(x, bias), out,
+            x, q, _optional_arg(x, scales), _optional_arg(x, bias), out,
             *split_buffers(x.device), n, x.stride(0), q.stride(0), out.stride(0), K=k,
             HAS_SCALE=scales is not None, HAS_BIAS=bias is not None, **launch_options(x.device),
         )  # fmt: skip
         return out
     _grouped_tuned(x.shape[0])[grid](
-        x, q, scales, _bias_arg(x, bias), out, n, x.stride(0), q.stride(0), scales.stride(0),
+        x, q, scales, _optional_arg(x, bias), out, n, x.stride(0), q.stride(0), scales.stride(0),
         out.stride(0), K=k, GROUP=k // scales.shape[1], HAS_BIAS=bias is not None,
         **launch_options(x.device),
     )  # fmt: skip
@@ -484,7 +486,7 @@ def int8_matmul(
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _int8_dot_tuned(rows)[_dot_grid(n)](
-            x, q, scales, _bias_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
+            x, q, scales, _optional_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
             scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
             HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
         )  # fmt: skip
@@ -506,7 +508,7 @@ def int4_matmul(
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _int4_dot_tuned(rows)[_dot_grid(n)](
-            x, words, scale_mins, _bias_arg(x, bias), out, *split_buffers(x.device), rows, n,
+            x, words, scale_mins, _optional_arg(x, bias), out, *split_buffers(x.device), rows, n,
             x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0), K=k,
             GROUP=k // groups, HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
             **launch_options(x.device),
@@ -529,7 +531,7 @@ def fp8_matmul(
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _fp8_dot_tuned(rows)[_dot_grid(n)](
-            x, q, scales, _bias_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
+            x, q, scales, _optional_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
             out.stride(0), K=k, HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
             **launch_options(x.device),
         )  # fmt: skip

@@ -148,7 +148,7 @@ def test_every_gemv_tile_configuration_matches_and_repeats_bit_for_bit(config, f
         out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
         meta = dict(config.kwargs)
         tm._rowwise_kernel[(triton.cdiv(n, meta["BLOCK_N"]), rows, meta["SPLIT_K"])](
-            x, q, x if scales is None else scales, bias, out, *tm.split_buffers(x.device), n,
+            x, q, tm._optional_arg(x, scales), bias, out, *tm.split_buffers(x.device), n,
             x.stride(0), q.stride(0), out.stride(0), K=k, HAS_SCALE=scales is not None,
             HAS_BIAS=True, **meta, num_warps=config.num_warps, **launch_options(CUDA),
         )  # fmt: skip
