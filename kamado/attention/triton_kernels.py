@@ -345,38 +345,46 @@ def _extend_kernel(
     query_lens, context_lens, stride_qt, stride_qh, stride_mb, stride_mh, stride_ms,
     stride_slot, stride_kvh, stride_sslot, stride_bt, qk_scale, window,
     num_splits,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    SCALED: tl.constexpr,
+    GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
-    """One (head and split, query tile, sequence): queries at the end of their context, causal.
+    """One (heads and split, query tile, sequence): queries at the end of their context,
+    causal. A tile's rows are HEADS heads (of one GQA group) of each of its queries, side
+    by side: with a whole group (a short chunk), each key and value loaded serves every
+    head that reads it, where a head a program would load them once for each.
 
     Keys every row of the tile may see run unmasked; the diagonal (and any window) masked.
     With splits, each program attends to one slice of the tile's keys and writes a partial
     output and its log-sum-exp for merge_splits to combine.
     """
-    heads = tl.num_programs(0) // num_splits
-    h = tl.program_id(0) % heads
-    split = tl.program_id(0) // heads
+    QUERIES = BLOCK_M // HEADS  # queries per tile
+    head_sets = tl.num_programs(0) // num_splits
+    h0 = tl.program_id(0) % head_sets * HEADS
+    split = tl.program_id(0) // head_sets
     tile = tl.program_id(1)
     seq = tl.program_id(2)
-    kvh = h // GROUP
+    kvh = h0 // GROUP
     q_len = tl.load(query_lens + seq)
-    if tile * BLOCK_M >= q_len:
+    if tile * QUERIES >= q_len:
         return
     q0 = tl.load(query_start + seq)
     ctx = tl.load(context_lens + seq)
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    mmask = offs_m < q_len
-    first = ctx - q_len + tile * BLOCK_M  # position of the tile's first query
-    q_pos = first + tl.arange(0, BLOCK_M)
+    r = tl.arange(0, BLOCK_M)
+    h = h0 + r % HEADS
+    offs_m = tile * QUERIES + r // HEADS
+    # Where HEADS does not divide BLOCK_M, the last rows would repeat the next tile's query.
+    mmask = (offs_m < q_len) & (r < QUERIES * HEADS)
+    first = ctx - q_len + tile * QUERIES  # position of the tile's first query
+    q_pos = first + r // HEADS
     d = tl.arange(0, HEAD_DIM)
     rows = (q0 + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + d[None, :], mask=mmask[:, None])
+    q_off = rows[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=mmask[:, None])
     if SCALED:
         q = _fp16_for_codes(q)
     bt_row = block_tables + seq * stride_bt
-    hi = tl.minimum(ctx, first + BLOCK_M)
+    hi = tl.minimum(ctx, first + QUERIES)
     lo = 0
     full_end = (first + 1) // BLOCK_N * BLOCK_N
     if window > 0:
@@ -423,6 +431,7 @@ def extend_attention(
     num_stages: int = 3,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # of a quantized cache
     num_splits: int = 1,  # at most MAX_SPLITS: slices of each tile's keys, merged after
+    heads_per_program: int = 1,  # 1, or a GQA group's query heads (rows of each tile)
 ) -> torch.Tensor:
     """Causal attention of new queries over their paged context (prefill, chunked prefill).
 
@@ -430,10 +439,13 @@ def extend_attention(
     """
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    assert group % heads_per_program == 0 and block_m >= heads_per_program
     out = torch.empty_like(q)
     mid_out, mid_lse = split_buffers(out, num_splits)
     # Heads vary fastest so a GQA group's programs run together and share keys in L2.
-    grid = (num_heads * num_splits, triton.cdiv(max_query_len, block_m), query_lens.shape[0])
+    tiles = triton.cdiv(max_query_len, block_m // heads_per_program)
+    grid = (num_heads // heads_per_program * num_splits, tiles, query_lens.shape[0])
     k_scale, v_scale = scales or (k_cache, v_cache)  # unread when unscaled
     _extend_kernel[grid](
         q, k_cache, v_cache, k_scale, v_scale, mid_out, mid_lse, block_tables, query_start,
@@ -441,7 +453,7 @@ def extend_attention(
         mid_out.stride(1), mid_out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_scale.stride(0), block_tables.stride(0),
         head_dim**-0.5 * LOG2E, window, num_splits,
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=num_splits > 1, SCALED=scales is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -134,10 +134,19 @@ class PrefillPacer:
 
     # ---- long prompts: chunks a few layers a step -------------------------------------
 
-    def staged_chunk_tokens(self) -> int:
-        """Tokens of a new chunk of a long prompt, to go a few layers per step."""
+    def staged_chunk_tokens(self, left: int) -> int:
+        """Tokens of a new chunk of a long prompt, to go a few layers per step, with `left`
+        tokens to go (or room for). Always one of the chunk sizes, the end of a prompt
+        too: the first step with a matmul shape never run is slow (a 52-token last chunk
+        of a 131k prompt took 18 ms through 2 layers beside 8 ms steps on the H200)."""
+        sizes = chunk_sizes(self.max_tokens)
+        limit = min(max(self._staged_fit(sizes), 1), left)
+        return max((n for n in sizes if n <= limit), default=0)
+
+    def _staged_fit(self, sizes: list[int]) -> int:
+        """The most tokens a new staged chunk may have by the layer cost model."""
         if not self._staged:
-            return min(self.FIRST_STAGED_CHUNK, self.max_tokens)
+            return self.FIRST_STAGED_CHUNK
         fixed, per_token, error = self.layer_cost_model()
         per_layer = self._slack(self.factor) / self.STAGED_TARGET_LAYERS
         if fixed + error >= per_layer:
@@ -145,7 +154,6 @@ class PrefillPacer:
         # At most one size above the largest measured: its first layer is a guess from
         # the line (on CPU, a first layer at twice the largest size made a 2.66x gap).
         largest = max(tokens for tokens, _ in self._staged)
-        sizes = chunk_sizes(self.max_tokens)
         ceiling = next((n for n in sizes if n > largest), sizes[-1])
         # It grows only where the next size still fits with its cost scaled in proportion
         # from the largest size's own layers. On CPU a small chunk's layer costs about the
@@ -157,13 +165,11 @@ class PrefillPacer:
             ceiling = largest
         usable = per_layer - fixed - error
         if usable > 0:
-            fits = min(int(usable / per_token), ceiling)
-        else:
-            # Nothing fits by the line (on CPU, 192-token chunks over a 16k context took
-            # 600 ms a layer where the line, unable to tell its parts, called it all
-            # fixed): smaller, in proportion to the largest size's own cost.
-            fits = int(largest * per_layer / own) if own > 0 else largest
-        return max((n for n in sizes if n <= fits), default=sizes[0])
+            return min(int(usable / per_token), ceiling)
+        # Nothing fits by the line (on CPU, 192-token chunks over a 16k context took 600 ms
+        # a layer where the line, unable to tell its parts, called it all fixed): smaller,
+        # in proportion to the largest size's own cost.
+        return int(largest * per_layer / own) if own > 0 else largest
 
     def staged_layers(self, num_tokens: int) -> int:
         """Layers of a staged chunk of `num_tokens` to run in the next step beside decodes;

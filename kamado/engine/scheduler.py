@@ -166,7 +166,7 @@ class Scheduler:
         one staged chunk; any other, what the budget leaves. `cached`: as in _short_turn."""
         left = seq.num_uncomputed if cached is None else seq.num_tokens - cached
         if staging and not self._short_turn(seq, cached):
-            return min(left, self.pacer.staged_chunk_tokens())
+            return self.pacer.staged_chunk_tokens(left)
         return min(left, budget)
 
     def _stage(self, batch: list[ScheduledSeq]) -> None:
@@ -181,7 +181,7 @@ class Scheduler:
             layers = self.pacer.staged_layers(seq.staged.num_tokens)
         else:
             room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
-            num_tokens = min(seq.num_uncomputed, self.pacer.staged_chunk_tokens(), room)
+            num_tokens = self.pacer.staged_chunk_tokens(min(seq.num_uncomputed, room))
             layers = self.pacer.staged_layers(num_tokens) if num_tokens > 0 else 0
             # Without blocks for it the chunk waits: blocks come free as decodes finish.
             if not layers or not self._reserve(seq, num_tokens):

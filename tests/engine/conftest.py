@@ -80,8 +80,8 @@ class FixedPacer(PrefillPacer):
     def prefill_limit(self, num_decodes: int) -> int:
         return self.short if num_decodes else self.max_tokens
 
-    def staged_chunk_tokens(self) -> int:
-        return self.chunk
+    def staged_chunk_tokens(self, left: int) -> int:
+        return min(self.chunk, left)
 
     def staged_layers(self, num_tokens: int) -> int:
         return self.layers

@@ -4,6 +4,8 @@ import pytest
 
 from kamado.engine.pacer import PrefillPacer, chunk_sizes
 
+LONG = 1 << 20  # tokens left of a prompt, more than any chunk takes
+
 
 def test_without_decodes_prefill_takes_the_whole_budget():
     assert PrefillPacer(1.25, 2048).prefill_limit(num_decodes=0) == 2048
@@ -147,10 +149,24 @@ def test_one_slow_decode_step_does_not_widen_the_slack():
 
 def test_a_staged_chunk_starts_small_and_runs_one_layer_after_the_normal_gap_is_known():
     pacer = PrefillPacer(1.25, 2048)
-    assert pacer.staged_chunk_tokens() == PrefillPacer.FIRST_STAGED_CHUNK
+    assert pacer.staged_chunk_tokens(LONG) == PrefillPacer.FIRST_STAGED_CHUNK
     assert pacer.staged_layers(16) == 0  # a decode-only step comes first, to measure
     pacer.observe(3, 0, 0.040)
     assert pacer.staged_layers(16) == 1
+
+
+def test_the_last_chunks_of_a_prompt_take_chunk_sizes_too():
+    # The first step with a matmul shape never run is slow: a prompt's end is cut into
+    # sizes the chunks before it took (and the engine warmed), not one odd-sized remainder.
+    pacer = PrefillPacer(1.25, 2048)
+    pacer.observe(3, 0, 0.040)
+    for tokens, layers in ((16, 2), (32, 2), (64, 1)):  # 1 ms + 0.01 ms a token a layer
+        pacer.observe(3, 0, 0.040 + layers * (0.001 + 0.00001 * tokens), [(tokens, layers)])
+    assert pacer.staged_chunk_tokens(LONG) == 96
+    assert pacer.staged_chunk_tokens(52) == 48
+    assert pacer.staged_chunk_tokens(5) == 4
+    assert pacer.staged_chunk_tokens(1) == 1
+    assert pacer.staged_chunk_tokens(0) == 0
 
 
 def test_staged_chunks_are_sized_per_layer_to_the_slack():
@@ -163,7 +179,7 @@ def test_staged_chunks_are_sized_per_layer_to_the_slack():
     assert error == pytest.approx(0.0, abs=1e-9)
     # 10 ms of slack, two layers a step: 5 ms a layer, 1 ms fixed leaves 40 tokens, and the
     # chunk takes the size below that of the few it may take (chunk_sizes).
-    assert pacer.staged_chunk_tokens() == 32
+    assert pacer.staged_chunk_tokens(LONG) == 32
     assert pacer.staged_layers(40) == 1  # larger than any chunk measured: one layer first
     assert pacer.staged_layers(32) == 2  # 4.2 ms a layer
     assert pacer.staged_layers(16) == 3  # 2.6 ms a layer
@@ -175,7 +191,7 @@ def test_a_layer_whose_fixed_part_overruns_half_the_slack_is_sized_for_one_layer
     for tokens in (8, 16, 32, 64):  # 6 ms a layer fixed (the context's K/V), 0.05 ms a token
         pacer.observe(3, 0, 0.040 + 0.006 + 0.00005 * tokens, [(tokens, 1)])
     # Two layers cannot fit 10 ms; one layer leaves 4 ms: 80 tokens, a chunk of 64.
-    assert pacer.staged_chunk_tokens() == 64
+    assert pacer.staged_chunk_tokens(LONG) == 64
     assert pacer.staged_layers(64) == 1
 
 
@@ -196,7 +212,7 @@ def test_staged_chunks_take_few_sizes_two_a_doubling():
     pacer.observe(3, 0, 0.040)
     for tokens in (16, 24, 32):  # 0.2 ms a token a layer: 25 tokens a layer in 5 ms
         pacer.observe(3, 0, 0.040 + 0.0002 * tokens, [(tokens, 1)])
-    assert pacer.staged_chunk_tokens() == 24
+    assert pacer.staged_chunk_tokens(LONG) == 24
 
 
 def test_a_size_that_ran_slower_than_the_line_gets_fewer_layers():
@@ -216,7 +232,7 @@ def test_a_new_staged_chunk_is_at_most_one_size_above_the_largest_measured():
     pacer.observe(3, 0, 0.040)
     for tokens in (4, 8, 16):  # 0.01 ms a token a layer: 500 tokens would fit two layers
         pacer.observe(3, 0, 0.040 + 0.00001 * tokens, [(tokens, 1)])
-    assert pacer.staged_chunk_tokens() == 24
+    assert pacer.staged_chunk_tokens(LONG) == 24
 
 
 def test_a_size_runs_at_most_twice_the_layers_it_ran_before_in_a_step():
@@ -235,7 +251,7 @@ def test_a_chunk_grows_only_while_its_cost_scaled_from_the_largest_size_still_fi
     for tokens in (8, 16, 32, 64):  # 2 ms a layer and 0.01 ms a token: 300 tokens would fit
         pacer.observe(3, 0, 0.040 + 0.002 + 0.00001 * tokens, [(tokens, 1)])
     # 64 tokens took 2.64 ms a layer; 96 in proportion, 3.96 ms, within 5 ms a layer.
-    assert pacer.staged_chunk_tokens() == 96
+    assert pacer.staged_chunk_tokens(LONG) == 96
     pacer = PrefillPacer(1.25, 2048)
     pacer.observe(3, 0, 0.040)
     for _ in range(5):
@@ -244,7 +260,7 @@ def test_a_chunk_grows_only_while_its_cost_scaled_from_the_largest_size_still_fi
     pacer.observe(3, 0, 0.040 + 0.0039, [(64, 1)])  # but 64 tokens take 3.9 ms a layer
     # The line through them says 96 tokens fit in 5 ms a layer; in proportion from 64
     # they would take 5.85 ms: no chunk larger than 64.
-    assert pacer.staged_chunk_tokens() == 64
+    assert pacer.staged_chunk_tokens(LONG) == 64
 
 
 def test_staged_chunks_do_not_shrink_where_their_cost_is_step_noise():
@@ -260,7 +276,7 @@ def test_staged_chunks_do_not_shrink_where_their_cost_is_step_noise():
     fixed, per_token, error = pacer.layer_cost_model()
     assert fixed == pytest.approx(0.060) and per_token < 1e-5
     # 200 ms of slack, 100 ms a layer: 3 tokens took 60 ms a layer, 4 would take 80.
-    assert pacer.staged_chunk_tokens() == 4
+    assert pacer.staged_chunk_tokens(LONG) == 4
 
 
 def test_steps_faster_than_the_normal_gap_count_as_negative_cost():
@@ -292,7 +308,7 @@ def test_where_nothing_fits_by_the_line_a_chunk_shrinks_in_proportion():
     pacer.observe(3, 0, 0.040)
     for tokens in (32, 48, 64, 32, 48, 64):
         pacer.observe(3, 0, 0.040 + 0.060, [(tokens, 1)])
-    assert pacer.staged_chunk_tokens() == 8
+    assert pacer.staged_chunk_tokens(LONG) == 8
 
 
 def test_chunks_of_one_size_that_overrun_the_slack_shrink_in_proportion():
@@ -302,4 +318,4 @@ def test_chunks_of_one_size_that_overrun_the_slack_shrink_in_proportion():
     pacer.observe(3, 0, 0.0075)
     for extra in (0.0069, 0.0071, 0.0070, 0.0072):
         pacer.observe(3, 0, 0.0075 + extra, [(384, 1)])
-    assert pacer.staged_chunk_tokens() <= 96
+    assert pacer.staged_chunk_tokens(LONG) <= 96
