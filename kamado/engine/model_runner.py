@@ -243,10 +243,11 @@ class ModelRunner:
 
     def _run_staged(self, item: ScheduledSeq) -> torch.Tensor | None:
         """A staged chunk through `item.layers` in a pass of its own (see _staged_output)."""
-        assert item.layers is not None
+        assert item.layers is not None and item.seq.staged is not None
         state, positions, chunk = self._staged_input(item)
-        ctx = self._context([chunk], chunk.context_len)
-        state = self.forward.run_layers(state, positions, ctx, item.layers)
+        if item.seq.staged.context is None:
+            item.seq.staged.context = self._context([chunk], chunk.context_len)
+        state = self.forward.run_layers(state, positions, item.seq.staged.context, item.layers)
         return self._staged_output(item, state)
 
     def _staged_input(self, item: ScheduledSeq) -> tuple[LayerState, torch.Tensor, SeqChunk]:

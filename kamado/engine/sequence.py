@@ -12,17 +12,20 @@ from kamado.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from kamado.kv.block_tokens import TokenMatch
     from kamado.kv.tier_transfers import Restore
-    from kamado.models.transformer import LayerState
+    from kamado.models.transformer import LayerState, StepContext
 
 
 @dataclass
 class StagedChunk:
     """A prompt chunk computed a few layers per step beside decodes: its K/V is written
-    up to `next_layer`, and its residual stream waits in `state` for the layers after."""
+    up to `next_layer`, and its residual stream waits in `state` for the layers after.
+    `context`: its attention metadata, the same for each of its steps in a pass of its own
+    (built once: its block table at a 120k context took 0.75 ms of the host a step)."""
 
     num_tokens: int
     next_layer: int = 0
     state: LayerState | None = None
+    context: StepContext | None = None
 
 
 class Status(enum.Enum):
