@@ -1,8 +1,10 @@
 """Which cached block goes first: superseded branches, then idle sessions, deepest first."""
 
+import random
+
 from kamado.kv.block_hash import block_key, extend_keys
 from kamado.kv.block_pool import BlockPool
-from kamado.kv.eviction import EvictionOrder
+from kamado.kv.eviction import COMPACT_BELOW, EvictionOrder
 from tests.engine.conftest import greedy, make_engine
 
 
@@ -109,3 +111,67 @@ def test_releasing_a_chain_at_once_caches_and_orders_as_one_block_at_a_time():
     assert got.num_cached == expected.num_cached == 9
     assert got.num_free == expected.num_free == 16
     assert drain(got.evictable) == drain(expected.evictable)
+
+
+def test_every_pop_takes_a_block_of_the_least_priority_as_blocks_come_and_go():
+    # Random releases (chains and single blocks), reads, supersessions and session activity;
+    # each pop is checked against every evictable block's priority, computed here from the
+    # rule itself: superseded first, then the least recently active session, then deepest.
+    rng = random.Random(7)
+    order = EvictionOrder()
+    sessions = ["a", "b", "c", None]
+    for s in sessions[:3]:
+        order.touch(s)
+    active = {s: i + 1 for i, s in enumerate(sessions[:3])}
+    info: dict[int, tuple[str | None, int, int]] = {}  # block -> (session, depth, tick)
+    superseded: set[int] = set()
+    clock, next_block = 3, 0
+
+    def rank(block: int) -> tuple:
+        session, depth, tick = info[block]
+        return (0 if block in superseded else 1, active.get(session, tick), -depth)
+
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.3:
+            session = rng.choice(sessions)
+            chain = [(next_block + i, i) for i in range(rng.randint(1, 40))]
+            next_block += len(chain)
+            order.add_chain(chain, session)
+            for block, depth in chain:
+                clock += 1
+                info[block] = (session, depth, clock)
+        elif op < 0.5 and info:
+            block = rng.choice(sorted(info))
+            order.remove(block)
+            del info[block]
+            superseded.discard(block)
+        elif op < 0.6 and info:
+            block = rng.choice(sorted(info))
+            order.supersede(block)
+            superseded.add(block)
+        elif op < 0.7:
+            session = rng.choice(sessions[:3])
+            order.touch(session)
+            clock += 1
+            active[session] = clock
+        elif info:
+            block = order.pop()
+            assert rank(block) == min(rank(b) for b in info)
+            del info[block]
+            superseded.discard(block)
+        assert len(order) == len(info)
+
+
+def test_a_released_turn_files_one_run_and_reads_leave_no_unbounded_entries():
+    order = EvictionOrder()
+    order.touch("agent")
+    for turn in range(50):  # each turn reads the last one's blocks and releases them again
+        chain = [(block, depth) for depth, block in enumerate(range(1000))]
+        for block, _ in chain:
+            if block in order:
+                order.remove(block)
+        order.add_chain(chain + [(1000 + turn, 1000)], "agent")
+    assert len(order._runs) <= 2 * 50  # one heap entry a turn, not one a block
+    pending = sum(len(run.blocks) - run.next for _, _, run in order._runs)
+    assert pending <= COMPACT_BELOW * len(order) + 1000
