@@ -21,6 +21,11 @@ BATCHED_DECODE_MAX_CONTEXT = 512
 # keep the bound measured before for one to a few queries.
 MATMUL_ATTENTION_MAX_QUERIES = {torch.float32: 128}
 MATMUL_ATTENTION_MAX_QUERIES_OTHER = 16
+# A chunk's queries attend in blocks whose float32 scores take at most this many bytes: in
+# one piece, 128 queries over 16k keys made 117 MB of scores, out of the CPU's caches, and
+# took 265 ms a layer where blocks of 16 took 119 (qwen2.5-coder-0.5b shapes, this 2-core
+# CPU; `python scripts/attention_cost.py --contexts 4096 16384 --queries 32 96 128`).
+SCORE_BLOCK_BYTES = 16 << 20
 
 
 @dataclass
@@ -137,9 +142,7 @@ class TorchAttention:
             if q_len <= most:
                 if causal:  # a short prompt attended as a whole: spell out its causal mask
                     mask = torch.ones(q_len, ctx, dtype=torch.bool, device=q.device).tril()
-                out[row : row + q_len] = matmul_attention(
-                    q_seq[None], keys[None], values[None], None if mask is None else mask[None]
-                )[0]
+                out[row : row + q_len] = chunk_attention(q_seq, keys, values, mask)
                 continue
             # [len, heads, dim] -> [heads, len, dim]; kv heads are shared by query groups.
             out[row : row + q_len] = F.scaled_dot_product_attention(
@@ -151,6 +154,24 @@ class TorchAttention:
                 enable_gqa=True,
             ).transpose(0, 1)
         return out
+
+
+def chunk_attention(
+    q: torch.Tensor,  # [Q, heads, dim], one sequence's queries
+    keys: torch.Tensor,  # [L, kv_heads, dim]
+    values: torch.Tensor,
+    mask: torch.Tensor | None,  # [Q, L], True where a query may attend
+) -> torch.Tensor:  # [Q, heads, dim]
+    """One sequence's chunk through matmul_attention, in blocks of queries whose scores
+    fit SCORE_BLOCK_BYTES: the cost then grows in proportion to the queries."""
+    n_q, num_heads, _ = q.shape
+    block = max(1, SCORE_BLOCK_BYTES // (num_heads * keys.shape[0] * 4))
+    out = torch.empty_like(q)
+    for start in range(0, n_q, block):
+        rows = slice(start, min(start + block, n_q))
+        rows_mask = None if mask is None else mask[None, rows]
+        out[rows] = matmul_attention(q[None, rows], keys[None], values[None], rows_mask)[0]
+    return out
 
 
 def matmul_attention(

@@ -164,12 +164,23 @@ class PrefillPacer:
         if own * ceiling / largest > per_layer:
             ceiling = largest
         usable = per_layer - fixed - error
-        if usable > 0:
-            return min(int(usable / per_token), ceiling)
-        # Nothing fits by the line (on CPU, 192-token chunks over a 16k context took 600 ms
-        # a layer where the line, unable to tell its parts, called it all fixed): smaller,
-        # in proportion to the largest size's own cost.
-        return int(largest * per_layer / own) if own > 0 else largest
+        fits = min(int(usable / per_token), ceiling) if usable > 0 else largest
+        # Nor a size at or past the smallest one whose own layers took more than a layer's
+        # share (their mean plus spread; a layer costs no less for more tokens): smaller, in
+        # proportion to that size's cost. The line, unable to tell its parts, may call the
+        # cost all fixed and the mean of every size: on CPU deep in a 16k prompt, 96-token
+        # chunks took 300 ms a layer over an 87 ms slack, and a new chunk kept that size.
+        for size, cost in sorted(self._own_costs().items()):
+            if cost > per_layer:
+                return min(fits, int(size * per_layer / cost))
+        return fits
+
+    def _own_costs(self) -> dict[int, float]:
+        """Each size in the window: the mean plus spread of its layers' cost."""
+        by_size: dict[int, list[float]] = {}
+        for tokens, extra in self._staged:
+            by_size.setdefault(tokens, []).append(extra)
+        return {t: statistics.fmean(e) + _pstdev(e) for t, e in by_size.items()}
 
     def staged_layers(self, num_tokens: int) -> int:
         """Layers of a staged chunk of `num_tokens` to run in the next step beside decodes;
@@ -183,9 +194,9 @@ class PrefillPacer:
         # The line is fitted over every size; this size's own steps, where there are any,
         # may say it costs more (a CPU run ran 17 layers of a 32-token chunk in 359 ms
         # where the line promised 24 ms of slack).
-        own = [e for t, e in self._staged if t == num_tokens]
-        if own:
-            per_layer = max(per_layer, statistics.fmean(own) + _pstdev(own))
+        own = self._own_costs().get(num_tokens)
+        if own is not None:
+            per_layer = max(per_layer, own)
         # At most twice the layers this size ran in a step: the line's error adds up over
         # layers (a CPU run ran 23 layers of a 24-token chunk in 425 ms, 3.45x the gap).
         most = self._most_layers.get(num_tokens, 1)

@@ -303,12 +303,26 @@ def test_the_normal_gap_is_measured_again_after_some_seconds_of_slow_steps():
 
 def test_where_nothing_fits_by_the_line_a_chunk_shrinks_in_proportion():
     # 60 ms a layer at any of three sizes, over a 10 ms slack: no slope stands out, so the
-    # line calls it all fixed, and no size fits; 64 tokens scaled to 10 ms are 10.
+    # line calls it all fixed, and no size fits; the smallest, 32 tokens, scaled to 10 ms
+    # are 5.
     pacer = PrefillPacer(1.25, 2048)
     pacer.observe(3, 0, 0.040)
     for tokens in (32, 48, 64, 32, 48, 64):
         pacer.observe(3, 0, 0.040 + 0.060, [(tokens, 1)])
-    assert pacer.staged_chunk_tokens(LONG) == 8
+    assert pacer.staged_chunk_tokens(LONG) == 4
+
+
+def test_no_new_chunk_takes_a_size_whose_own_layers_overran_where_the_line_says_it_fits():
+    # On CPU deep in a 16k prompt: layers of 32-64 tokens cost 0-80 ms, step noise; one of
+    # 96 tokens took 300 ms over an 87 ms slack. The line through them all promises 32
+    # tokens; from 96's own cost the next chunk gets 96 * 87 / 300 = 27 at most.
+    pacer = PrefillPacer(1.25, 8192)
+    pacer.observe(3, 0, 0.350)
+    noise = (0.0, 0.08, 0.02, 0.06, -0.01, 0.07)
+    for i, tokens in enumerate((32, 48, 64) * 8):
+        pacer.observe(3, 0, 0.350 + noise[i % 6], [(tokens, 1)])
+    pacer.observe(3, 0, 0.350 + 0.300, [(96, 1)])
+    assert pacer.staged_chunk_tokens(LONG) == 24
 
 
 def test_chunks_of_one_size_that_overrun_the_slack_shrink_in_proportion():
