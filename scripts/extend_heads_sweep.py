@@ -2,9 +2,10 @@
 group a program (triton_backend.extend_heads_per_program). CUDA; run on the GPU machine.
 
 One sequence of Qwen3-8B's heads (32 query, 8 KV, head_dim 128), a chunk of new queries
-at the end of its paged bf16 context, tiles and splits as the backend picks them. Prints
-the kernel's time (with the merge of splits) each way, the largest difference between the
-two outputs, and the bandwidth the context's unique K/V bytes imply.
+at the end of its paged bf16 context, tiles and splits as the backend picks them
+(`extend_launch`). Prints the kernel's time (with the merge of splits) each way, the
+largest difference between the two outputs, and the bandwidth the context's unique K/V
+bytes imply.
 
     python scripts/extend_heads_sweep.py [--queries 1 16 64 128 192 256] [--contexts ...]
 """
@@ -18,11 +19,7 @@ from dataclasses import astuple
 import torch
 import triton
 
-from kamado.attention.triton_backend import (
-    extend_heads_per_program,
-    extend_splits,
-    extend_tile,
-)
+from kamado.attention.triton_backend import extend_heads_per_program, extend_launch
 from kamado.attention.triton_kernels import extend_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
@@ -31,13 +28,12 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, ctx: int,
         heads: int) -> torch.Tensor:  # fmt: skip
     q_len = q.shape[0]
-    tile = extend_tile(q_len * heads)
-    tiles = -(-q_len // (tile.block_m // heads))
+    tile, splits, heads = extend_launch(q_len, 1, HEADS, KV_HEADS, ctx, heads)
     ints = dict(dtype=torch.int32, device="cuda")
     return extend_attention(
         q, k, v, table, torch.tensor([0], **ints), torch.tensor([q_len], **ints),
         torch.tensor([ctx], **ints), q_len, BLOCK_SIZE, 0, *astuple(tile),
-        num_splits=extend_splits(tiles * HEADS // heads, ctx), heads_per_program=heads,
+        num_splits=splits, heads_per_program=heads,
     )  # fmt: skip
 
 

@@ -82,6 +82,23 @@ def extend_heads_per_program(max_query_len: int, num_heads: int, num_kv_heads: i
     return group if max_query_len * group <= EXTEND_TILES[-1].block_m else 1
 
 
+def extend_launch(
+    max_query_len: int,
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    keys: int,
+    heads_per_program: int | None = None,
+) -> tuple[ExtendTile, int, int]:
+    """How a step's extend kernel runs: its tile, its splits along the `keys` (so a few
+    programs still fill the GPU), and the heads a program takes (as
+    extend_heads_per_program picks, unless given)."""
+    heads = heads_per_program or extend_heads_per_program(max_query_len, num_heads, num_kv_heads)
+    tile = extend_tile(max_query_len * heads)
+    tiles = -(-max_query_len // (tile.block_m // heads)) * num_seqs
+    return tile, extend_splits(tiles * num_heads // heads, keys), heads
+
+
 @dataclass
 class DecodeRows:
     """Single-token rows: row i of `rows` (every row, in order, when None) is sequence i."""
@@ -250,19 +267,16 @@ class TritonAttention:
         store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, scales, cache.format.qmax)
         out = None
         if (ext := metadata.extend) is not None:
-            heads = extend_heads_per_program(ext.max_query_len, q.shape[1], k_cache.shape[1])
-            tile = extend_tile(ext.max_query_len * heads)
-            queries_per_tile = tile.block_m // heads
-            tiles = -(-ext.max_query_len // queries_per_tile) * ext.query_lens.shape[0]
             keys = ext.longest_context
             if self.window:
                 keys = min(keys, self.window + ext.max_query_len)
+            tile, splits, heads = extend_launch(
+                ext.max_query_len, ext.query_lens.shape[0], q.shape[1], k_cache.shape[1], keys
+            )
             out = extend_attention(
                 q, k_cache, v_cache, ext.block_tables, ext.query_start, ext.query_lens,
                 ext.context_lens, ext.max_query_len, cache.block_size, self.window,
-                *astuple(tile), scales=scales,
-                num_splits=extend_splits(tiles * q.shape[1] // heads, keys),
-                heads_per_program=heads,
+                *astuple(tile), scales=scales, num_splits=splits, heads_per_program=heads,
             )  # fmt: skip
         if (dec := metadata.decode) is not None:
             rows = q if dec.rows is None else q[dec.rows]
