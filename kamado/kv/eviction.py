@@ -48,7 +48,7 @@ class EvictionOrder:
         self._runs: list[tuple[Priority, int, _Run]] = []  # heap by each run's next block
         self._superseded_heap: list[tuple[Priority, int]] = []
         self._serial = itertools.count()  # ties between runs: the older first
-        self._dead_runs = 0  # runs with no live entry left, their heap entries not popped
+        self._dead_runs = 0  # runs that lost their last live entry since the heap was pruned
 
     def __len__(self) -> int:
         return len(self._blocks)
