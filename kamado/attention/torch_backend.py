@@ -23,8 +23,9 @@ MATMUL_ATTENTION_MAX_QUERIES = {torch.float32: 128}
 MATMUL_ATTENTION_MAX_QUERIES_OTHER = 16
 # A chunk's queries attend in blocks whose float32 scores take at most this many bytes: in
 # one piece, 128 queries over 16k keys made 117 MB of scores, out of the CPU's caches, and
-# took 265 ms a layer where blocks of 16 took 119 (qwen2.5-coder-0.5b shapes, this 2-core
-# CPU; `python scripts/attention_cost.py --contexts 4096 16384 --queries 32 96 128`).
+# took 261 ms a layer where blocks took 122 (qwen2.5-coder-0.5b shapes, this 2-core CPU;
+# `python scripts/attention_cost.py --contexts 4096 16384 --queries 16 32 96 128`,
+# bench/results/2026-12-01-cpu-attention-cost-blocked.txt).
 SCORE_BLOCK_BYTES = 16 << 20
 
 
