@@ -32,9 +32,12 @@ PROGRESS_SECONDS = 30.0  # how often a prefill beside the streams reports its pr
 class Gap(NamedTuple):
     seconds: float
     context: int  # the stream's length in tokens when its token arrived
-    # The step that ended the gap: its forward pass (the rest of the gap is scheduling,
-    # output handling, the benchmark's loop and the OS) and the prompt tokens it carried.
+    # The step that ended the gap: its forward pass, the host's work before and after it
+    # (the rest of the gap is the step before's, the benchmark's loop and the OS), and the
+    # prompt tokens it carried.
     step_seconds: float
+    schedule_seconds: float
+    finish_seconds: float
     prefill_tokens: int
     prefill_layers: int  # of a chunk going a few layers a step (0: none, or every layer)
     gc_seconds: float  # garbage collections during the step
@@ -59,6 +62,7 @@ class Fairness:
     num_gaps: int
     prefill_seconds: float
     worst_gaps: list[dict]  # the slowest steps beside the prompt: a gap of each, its step
+    alone_worst_gaps: list[dict]
 
 
 class Streams:
@@ -101,7 +105,8 @@ class Streams:
                 if d.request_id in self.last:
                     self._rows.append(
                         (now - self.last[d.request_id], self.length[d.request_id],
-                         stats.last_step_seconds, stats.last_step_prefill_tokens,
+                         stats.last_step_seconds, stats.last_step_schedule_seconds,
+                         stats.last_step_finish_seconds, stats.last_step_prefill_tokens,
                          stats.last_step_prefill_layers, gc_seconds, threads, stats.steps)
                     )  # fmt: skip
                 self.last[d.request_id] = now
@@ -167,8 +172,11 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         normal = y0 + (y1 - y0) * (gap.context - x0) / (x1 - x0)
         return gap.seconds / normal
 
-    # Each gap's ratio computed once; ties (a step's streams) keep their order.
-    ranked = sorted(((ratio(g), g) for g in beside), key=lambda pair: pair[0])
+    def rank(gaps: list[Gap]) -> list[tuple[float, Gap]]:
+        # Each gap's ratio computed once; ties (a step's streams) keep their order.
+        return sorted(((ratio(g), g) for g in gaps), key=lambda pair: pair[0])
+
+    ranked = rank(beside)
     ratios = [r for r, _ in ranked]
     return Fairness(
         scheduler=label,
@@ -185,20 +193,26 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         median_ratio=statistics.median(ratios),
         num_gaps=len(ratios),
         prefill_seconds=prefill_seconds,
-        worst_gaps=[
-            dict(
-                ratio=r,
-                gap_ms=g.seconds * 1e3,
-                step_ms=g.step_seconds * 1e3,
-                prefill_tokens=g.prefill_tokens,
-                prefill_layers=g.prefill_layers,
-                gc_ms=g.gc_seconds * 1e3,
-                cpu_threads=g.cpu_threads,
-                context=g.context,
-                step=g.step,
-            )
-            for r, g in _worst_steps(ranked)
-        ],  # fmt: skip
+        worst_gaps=[_record(r, g) for r, g in _worst_steps(ranked)],
+        # The streams' own worst steps alone: the machine's jitter, and where it falls (the
+        # steps right after the prompt, say). Context tells before from after.
+        alone_worst_gaps=[_record(r, g) for r, g in _worst_steps(rank(before + after))[:3]],
+    )
+
+
+def _record(ratio: float, g: Gap) -> dict:
+    return dict(
+        ratio=ratio,
+        gap_ms=g.seconds * 1e3,
+        step_ms=g.step_seconds * 1e3,
+        schedule_ms=g.schedule_seconds * 1e3,
+        finish_ms=g.finish_seconds * 1e3,
+        prefill_tokens=g.prefill_tokens,
+        prefill_layers=g.prefill_layers,
+        gc_ms=g.gc_seconds * 1e3,
+        cpu_threads=g.cpu_threads,
+        context=g.context,
+        step=g.step,
     )
 
 
@@ -246,8 +260,9 @@ def run_fairness(
         )
         for g in r.worst_gaps[:3]:
             print(
-                f"  a {g['ratio']:.2f}x gap: {g['gap_ms']:.1f} ms, of which the forward pass "
-                f"{g['step_ms']:.1f} ms, with {g['prefill_tokens']} prompt tokens"
+                f"  a {g['ratio']:.2f}x gap: {g['gap_ms']:.1f} ms, of which scheduling "
+                f"{g['schedule_ms']:.1f} ms, the forward pass {g['step_ms']:.1f} ms and after "
+                f"it {g['finish_ms']:.1f} ms, with {g['prefill_tokens']} prompt tokens"
                 + (f" through {g['prefill_layers']} layers" if g["prefill_layers"] else "")
                 + f" on {g['cpu_threads']} threads; garbage collection {g['gc_ms']:.1f} ms",
                 flush=True,

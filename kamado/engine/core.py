@@ -52,7 +52,11 @@ class EngineStats:
     generation_tokens_total: int = 0
     num_preemptions: int = 0
     steps: int = 0
-    last_step_seconds: float = 0.0
+    last_step_seconds: float = 0.0  # the forward pass: from its launch to its tokens read
+    # The host's part of the last step around it: scheduling and launching before it (0
+    # for a step launched ahead, during the step before), committing and appending after.
+    last_step_schedule_seconds: float = 0.0
+    last_step_finish_seconds: float = 0.0
     # What the last step carried: decoding sequences, prompt tokens, draft tokens verified.
     last_step_decodes: int = 0
     last_step_prefill_tokens: int = 0
@@ -264,23 +268,26 @@ class EngineCore:
     def _check_continuation(
         self, prompt: list[int], params: SamplingParams, continue_from: dict[int, list[int]]
     ) -> None:
-        vocab = self.model_config.vocab_size
         for index, outputs in continue_from.items():
             if not 0 <= index < params.n:
                 raise RequestError(f"choice {index} does not exist (n={params.n})")
-            if any(not 0 <= t < vocab for t in outputs):
-                raise RequestError(f"token ids must be in [0, {vocab})")
+            self._check_token_ids(outputs, "token ids")
             if params.max_tokens is not None and len(outputs) >= params.max_tokens:
                 raise RequestError(f"choice {index} already has max_tokens tokens")
             if len(prompt) + len(outputs) >= self.max_model_len:
                 raise RequestError(f"choice {index} already fills the context")
 
+    def _check_token_ids(self, ids: list[int], what: str) -> None:
+        # min and max loop in C: over a 131k-token prompt 4.1 ms against 7.1 ms for a
+        # generator (this 2-core CPU), in the engine loop, a stall for every stream beside.
+        vocab = self.model_config.vocab_size
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            raise RequestError(f"{what} must be in [0, {vocab})")
+
     def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
             raise RequestError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        self._check_token_ids(prompt, "prompt token ids")
         if len(prompt) >= self.max_model_len:
             raise RequestError(
                 f"the prompt has {len(prompt)} tokens; this model's context is "
@@ -298,6 +305,7 @@ class EngineCore:
                     for child in seq.pending_forks:
                         self.scheduler.add(child)
                     seq.pending_forks = []
+        self.scheduler.release_finished()  # an abort gives its blocks back at once
         self._forget_if_done(request_id)
 
     def _forget_if_done(self, request_id: str) -> None:
@@ -316,6 +324,7 @@ class EngineCore:
         if launched is None:
             batch = self.scheduler.schedule()
             if not batch:
+                self.scheduler.release_finished()
                 if self.transfers is not None:
                     self.transfers.wait_any(RESTORE_POLL_SECONDS)  # only restores are left
                 return []
@@ -326,6 +335,8 @@ class EngineCore:
             launched = self.runner.launch(batch, self.guides)
         if self.overlap:
             self._in_flight = self._launch_ahead(launched)
+        # While the device computes (see Scheduler.finish).
+        self.scheduler.release_finished()
         verified = self.runner.collect(launched)
         collected = time.perf_counter()
         # A step launched ahead starts on the device once the one before it is done.
@@ -361,6 +372,8 @@ class EngineCore:
                 self.speculator.propose_late(item.seq)
         num_generated = sum(len(d.new_token_ids) for d in deltas)
         self._update_stats(work, num_generated, seconds)
+        self.stats.last_step_schedule_seconds = max(0.0, launched.started - scheduling)
+        self.stats.last_step_finish_seconds = time.perf_counter() - collected
         return deltas
 
     def _launch_ahead(self, step: Launched) -> Launched | None:

@@ -10,6 +10,7 @@ import torch
 
 from kamado.attention.backend import SeqChunk, make_backend
 from kamado.config import EngineConfig, ModelConfig
+from kamado.engine.layer_clock import LayerClock
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.pacer import chunk_sizes
 from kamado.engine.sampler import Sampler, SampleRow
@@ -59,6 +60,8 @@ class ModelRunner:
 
             self.forward = FusedForward(self.model)
         self.sampler = Sampler(engine_config.seed)
+        # A CPU computes as the host calls it, so the host's clock can time its layers.
+        self.clock = LayerClock() if self.device.type == "cpu" else None
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda":
             self._compile_attention_kernels(model_config, dtype)
@@ -223,15 +226,42 @@ class ModelRunner:
         both_ctx = self._context(
             [*chunks, staged_chunk], max(max(positions), staged_chunk.context_len - 1) + 1
         )
-        state = self.forward.run_layers(self.forward.embed(ids_t), pos, ctx, range(layers.start))
-        both = self.forward.run_layers(
-            join_states(state, staged), torch.cat([pos, staged_pos]), both_ctx, layers
+        state = self._run_decodes(self.forward.embed(ids_t), pos, ctx, range(layers.start))
+        both, joining.layers = self._run_joined(
+            join_states(state, staged), torch.cat([pos, staged_pos]), both_ctx, joining
         )
         state, staged = split_state(both, len(positions))
-        state = self.forward.run_layers(
-            state, pos, ctx, range(layers.stop, self.forward.num_layers)
+        state = self._run_decodes(
+            state, pos, ctx, range(joining.layers.stop, self.forward.num_layers)
         )
         return self.forward.final_norm(state), self._staged_output(joining, staged)
+
+    def _run_decodes(
+        self, state: LayerState, positions: torch.Tensor, ctx: StepContext, layers: range
+    ) -> LayerState:
+        """Layers of the decodes alone, beside a joining chunk; timed for the clock."""
+        started = time.perf_counter()
+        state = self.forward.run_layers(state, positions, ctx, layers)
+        if self.clock is not None:
+            self.clock.decodes_ran(len(layers), time.perf_counter() - started)
+        return state
+
+    def _run_joined(
+        self, state: LayerState, positions: torch.Tensor, ctx: StepContext, item: ScheduledSeq
+    ) -> tuple[LayerState, range]:
+        """The layers of a staged chunk joined to the decodes, and those that ran: all of
+        `item.layers`, or where the clock measures them, those that fit its slack."""
+        layers = item.layers
+        assert layers is not None
+        if self.clock is None or item.slack_s is None:
+            return self.forward.run_layers(state, positions, ctx, layers), layers
+        started = time.perf_counter()
+        for done, layer in enumerate(layers, 1):
+            state = self.forward.run_layers(state, positions, ctx, range(layer, layer + 1))
+            seconds = time.perf_counter() - started
+            if layer + 1 < layers.stop and self.clock.stop_after(done, seconds, item.slack_s):
+                return state, range(layers.start, layer + 1)
+        return state, layers
 
     def _graph_fits(self, positions: list[int], chunks: list[SeqChunk]) -> bool:
         """A CUDA graph can run the batch: a token each, and a captured size fits."""

@@ -202,6 +202,11 @@ class PrefillPacer:
         most = self._most_layers.get(num_tokens, 1)
         return max(1, min(int(self._slack(self.factor) / per_layer), 2 * most))
 
+    def staged_slack(self) -> float | None:
+        """Seconds a staged chunk's layers may add to a step beside decodes (None before
+        the normal gap is measured)."""
+        return self._slack(self.factor) if self.decode_step_s is not None else None
+
     def layer_cost_model(self) -> tuple[float, float, float]:
         """(fixed s, s per token, typical error s) of one layer of a staged chunk. Where
         chunks of several sizes show no slope that stands out, the cost counts as fixed:

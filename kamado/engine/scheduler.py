@@ -41,6 +41,9 @@ class ScheduledSeq:
     # A staged chunk's layers run this step (its seq.staged); None: every layer at once.
     layers: range | None = None
     completes: bool = True  # the tokens have been through every layer after this step
+    # Seconds a staged chunk's layers may add to the step: where the host's clock measures
+    # them (a CPU), they stop early once used, and `layers` becomes those that ran.
+    slack_s: float | None = None
 
     @property
     def samples(self) -> bool:
@@ -76,14 +79,18 @@ class Scheduler:
         self._admissions = 0
         # Admission keeps a little headroom so a new prompt does not force a preemption.
         self._watermark = max(1, pool.num_blocks // 100)
+        # Finished sequences whose blocks are not released yet (see finish).
+        self._retiring: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._retiring)
 
     def schedule(self) -> list[ScheduledSeq]:
+        if self.waiting:
+            self.release_finished()  # admission counts on their blocks
         batch: list[ScheduledSeq] = []
         for seq in sorted(self._decoding(), key=lambda s: s.arrival):
             if seq.status is Status.RUNNING and self._reserve_or_preempt(seq, batch):
@@ -188,7 +195,10 @@ class Scheduler:
                 return
             seq.staged = StagedChunk(num_tokens)
         if layers:
-            batch.append(self._staged_item(seq, layers))
+            item = self._staged_item(seq, layers)
+            if not item.completes:  # one that samples runs as planned
+                item.slack_s = self.pacer.staged_slack()
+            batch.append(item)
 
     def _staged_item(self, seq: Sequence, num_layers: int) -> ScheduledSeq:
         """The next `num_layers` layers (at most those left) of the sequence's staged chunk."""
@@ -278,7 +288,13 @@ class Scheduler:
         return sorted((s for s in self.running if s.num_uncomputed > 1), key=_tokens_left)
 
     def _reserve(self, seq: Sequence, num_new: int) -> bool:
-        return self.pool.grow(seq.block_table, seq.num_computed + num_new, self.block_size)
+        tokens = seq.num_computed + num_new
+        if self.pool.grow(seq.block_table, tokens, self.block_size):
+            return True
+        if not self._retiring:
+            return False
+        self.release_finished()
+        return self.pool.grow(seq.block_table, tokens, self.block_size)
 
     def _reserve_or_preempt(self, seq: Sequence, batch: list[ScheduledSeq]) -> bool:
         """Find a block for one more token of `seq`, preempting newer sequences if needed."""
@@ -307,16 +323,30 @@ class Scheduler:
         self.prefix.release(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
+        """The sequence stops running now; what it holds is released by the next
+        release_finished, which the engine calls once the next step is launched. On a GPU
+        that is while the device computes: releasing a long context (8k blocks of a 131k
+        prompt, and its session's turn) takes milliseconds of the host, which between two
+        steps would stall every other stream. A reservation short of blocks, or a waiting
+        prompt, releases them first."""
         seq.finish_reason = reason
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
-        self.free(seq)
-        self.prefix.end_turn(seq)
-        if self.speculator is not None:
-            self.speculator.finish(seq)
+        seq.staged = None
+        self._retiring.append(seq)
+
+    def release_finished(self) -> None:
+        """Release the blocks of the sequences finished since the last call, and end
+        their turns."""
+        retiring, self._retiring = self._retiring, []
+        for seq in retiring:
+            self.free(seq)
+            self.prefix.end_turn(seq)
+            if self.speculator is not None:
+                self.speculator.finish(seq)
 
     def _short_turn(self, seq: Sequence, cached: int | None = None) -> bool:
         """An agent's follow-up turn: few new prompt tokens, and few left (a prompt

@@ -148,3 +148,53 @@ def test_a_short_follow_up_turn_gets_the_looser_prefill_budget_beside_decodes():
     chunks = {item.seq.request_id: item.num_new for item in scheduler.schedule()}
     assert chunks["follow-up"] == 64  # the short turn's bound
     assert "long" not in chunks  # its layers wait while a follow-up's chunk runs
+
+
+def test_a_finished_sequence_releases_its_blocks_once_the_next_step_is_launched(tiny_models):
+    path, _ = tiny_models["llama"]
+    engine = make_engine(path, speculation="off")
+    engine.add_request("short", list(range(1, 40)), greedy(2))
+    engine.add_request("long", list(range(50, 60)), greedy(12))
+    while not any(d.request_id == "short" and d.finished for d in engine.step()):
+        pass
+    held = engine.pool.num_used  # the finished sequence's blocks are still held
+    at_launch, at_collect = [], []
+    launch, collect = engine.runner.launch, engine.runner.collect
+    engine.runner.launch = lambda *a, **k: at_launch.append(engine.pool.num_used) or launch(*a, **k)
+    engine.runner.collect = lambda *a: at_collect.append(engine.pool.num_used) or collect(*a)
+    engine.step()
+    # Launched first (on a GPU the host then releases while the device computes), and
+    # released before the step's tokens are read.
+    assert at_launch == [held] and at_collect[0] < held
+    while engine.has_work():
+        engine.step()
+    assert engine.pool.num_used == 0
+
+
+def test_a_sequence_short_of_blocks_takes_those_of_one_just_finished(tiny_models):
+    path, _ = tiny_models["llama"]
+    options = dict(speculation="off", block_size=4, max_num_batched_tokens=8)
+    engine = make_engine(path, decode_stall_factor=float("inf"), **options)
+    long_prompt = [(7 * i) % 512 for i in range(120)]
+    engine.add_request("short", list(range(1, 11)), greedy(2))
+    engine.add_request("long", long_prompt, greedy(4))
+    out: dict[str, list[int]] = {"short": [], "long": []}
+
+    def step() -> None:
+        for d in engine.step():
+            out[d.request_id].extend(d.new_token_ids)
+
+    while len(out["short"]) < 2:
+        step()
+    # Every free block taken: the next chunk of "long" needs blocks that "short" holds.
+    pool = engine.pool
+    hogged = [pool.allocate() for _ in range(pool.num_free)]
+    step()
+    assert engine.stats.last_step_prefill_tokens == 8  # it did not wait a step for them
+    for block in hogged:
+        pool.release(block)
+    while engine.has_work():
+        step()
+    assert engine.scheduler.num_preemptions == 0 and pool.num_used == 0
+    alone = run(make_engine(path, **options), {"long": (long_prompt, greedy(4))})
+    assert out["long"] == alone["long"][0]

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from kamado.engine.core import EngineCore
+from kamado.engine.layer_clock import LayerClock
 from kamado.engine.sampling_params import SamplingParams
 from tests.engine.conftest import FixedPacer, greedy, make_engine, tiny_hf_model
 
@@ -187,4 +188,26 @@ def test_long_prompts_sharing_a_prefix_compute_it_once_beside_decodes(four_layer
     computed = engine.stats.prompt_tokens_total - stream_tokens
     assert computed <= len(shared) + 2 * 40 + 16  # the prefix once (and a block's slack)
     assert engine.prefix.stats.device_hit_tokens >= len(shared)
+    assert engine.pool.num_used == 0
+
+
+class StopAfterOneLayer(LayerClock):
+    """A clock that finds the slack used by every chunk's first layer in a step."""
+
+    def stop_after(self, layers_done: int, seconds: float, slack_s: float) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_a_chunk_the_clock_stops_early_gives_the_same_tokens(four_layers, arch):
+    path = four_layers[arch]
+    expected, _ = drive(whole(path), long_beside_streams())
+    engine = paced(path, 16, 3)
+    engine.runner.clock = StopAfterOneLayer()
+    got, trace = drive(engine, long_beside_streams())
+    assert got == expected
+    # Planned 3 layers of 4: the first step of a chunk stops after one; the next reaches
+    # the last layer and samples, and runs as planned.
+    staged = [layers for decodes, _, layers in trace if decodes == 3 and layers > 0]
+    assert staged[:2] == [1, 3]
     assert engine.pool.num_used == 0

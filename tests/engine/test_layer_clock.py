@@ -1,0 +1,26 @@
+"""The clock that stops a staged chunk's layers once they used the step's slack (CPU)."""
+
+import pytest
+
+from kamado.engine.layer_clock import LayerClock
+
+
+def test_decode_only_layers_set_the_baseline_as_a_moving_average():
+    clock = LayerClock()
+    clock.decodes_ran(0, 1.0)  # no layer: nothing learnt
+    assert clock.decode_layer_s is None
+    clock.decodes_ran(4, 0.040)
+    assert clock.decode_layer_s == pytest.approx(0.010)
+    clock.decodes_ran(2, 0.040)  # 20 ms a layer, weighed in at EMA
+    assert clock.decode_layer_s == pytest.approx(0.010 + LayerClock.EMA * 0.010)
+
+
+def test_a_chunk_stops_before_the_layer_that_would_pass_the_slack():
+    clock = LayerClock()
+    assert not clock.stop_after(1, 10.0, 0.001)  # no decode-only layer timed yet
+    clock.decodes_ran(1, 0.010)
+    # Two joined layers took 50 ms: 30 ms added, 15 a layer; a third makes 45 ms.
+    assert not clock.stop_after(2, 0.050, 0.050)
+    assert clock.stop_after(2, 0.050, 0.040)
+    # Joined layers no slower than the decodes alone never stop.
+    assert not clock.stop_after(3, 0.030, 0.0)
