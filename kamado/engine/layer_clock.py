@@ -8,7 +8,9 @@ an error per layer that the layers planned multiply (18 layers of a 24-token chu
 16k prompt's worst step to 1.9x the normal gap). The clock is this step's measurement.
 
 What a joined layer adds is its time less that of a layer of the decodes alone, which the
-same passes measure: the layers before and after the chunk's run the decodes alone.
+same passes measure: the layers before and after the chunk's run the decodes alone. Where
+the layers before it already ran late (a busy core, say), the chunk's slack shrinks by as
+much: the step is late anyway, and its layers would add to it.
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ class LayerClock:
     def __init__(self) -> None:
         self.decode_layer_s: float | None = None  # one layer of the decodes alone
 
-    def decodes_ran(self, layers: int, seconds: float) -> None:
-        """`layers` layers of the decodes alone took `seconds`."""
+    def decodes_ran(self, layers: int, seconds: float) -> float:
+        """`layers` layers of the decodes alone took `seconds`; returns how much longer
+        that was than usual (at least 0; 0 before any was timed)."""
         if layers <= 0:
-            return
-        per_layer = seconds / layers
+            return 0.0
         old = self.decode_layer_s
-        self.decode_layer_s = (
-            per_layer if old is None else (1 - self.EMA) * old + self.EMA * per_layer
-        )
+        per_layer = seconds / layers
+        self.decode_layer_s = per_layer if old is None else old + self.EMA * (per_layer - old)
+        return 0.0 if old is None else max(0.0, seconds - layers * old)
 
     def stop_after(self, layers_done: int, seconds: float, slack_s: float) -> bool:
         """Whether a chunk whose first `layers_done` layers joined to the decodes took

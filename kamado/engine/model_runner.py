@@ -226,42 +226,52 @@ class ModelRunner:
         both_ctx = self._context(
             [*chunks, staged_chunk], max(max(positions), staged_chunk.context_len - 1) + 1
         )
-        state = self._run_decodes(self.forward.embed(ids_t), pos, ctx, range(layers.start))
-        both, joining.layers = self._run_joined(
-            join_states(state, staged), torch.cat([pos, staged_pos]), both_ctx, joining
+        state, late_s = self._run_decodes(self.forward.embed(ids_t), pos, ctx, range(layers.start))
+        both = self._run_joined(
+            join_states(state, staged), torch.cat([pos, staged_pos]), both_ctx, joining, late_s
         )
         state, staged = split_state(both, len(positions))
-        state = self._run_decodes(
+        state, _ = self._run_decodes(
             state, pos, ctx, range(joining.layers.stop, self.forward.num_layers)
         )
         return self.forward.final_norm(state), self._staged_output(joining, staged)
 
     def _run_decodes(
         self, state: LayerState, positions: torch.Tensor, ctx: StepContext, layers: range
-    ) -> LayerState:
-        """Layers of the decodes alone, beside a joining chunk; timed for the clock."""
+    ) -> tuple[LayerState, float]:
+        """Layers of the decodes alone, beside a joining chunk, and the seconds they took
+        past the clock's usual (0 without a clock)."""
         started = time.perf_counter()
         state = self.forward.run_layers(state, positions, ctx, layers)
-        if self.clock is not None:
-            self.clock.decodes_ran(len(layers), time.perf_counter() - started)
-        return state
+        if self.clock is None:
+            return state, 0.0
+        return state, self.clock.decodes_ran(len(layers), time.perf_counter() - started)
 
     def _run_joined(
-        self, state: LayerState, positions: torch.Tensor, ctx: StepContext, item: ScheduledSeq
-    ) -> tuple[LayerState, range]:
-        """The layers of a staged chunk joined to the decodes, and those that ran: all of
-        `item.layers`, or where the clock measures them, those that fit its slack."""
+        self,
+        state: LayerState,
+        positions: torch.Tensor,
+        ctx: StepContext,
+        item: ScheduledSeq,
+        late_s: float,
+    ) -> LayerState:
+        """A staged chunk's layers joined to the decodes: all of `item.layers`, or where
+        the clock measures them, those that fit its slack less what the step already ran
+        late (`late_s`). The item then holds the layers that ran."""
         layers = item.layers
         assert layers is not None
         if self.clock is None or item.slack_s is None:
-            return self.forward.run_layers(state, positions, ctx, layers), layers
+            return self.forward.run_layers(state, positions, ctx, layers)
         started = time.perf_counter()
         for done, layer in enumerate(layers, 1):
             state = self.forward.run_layers(state, positions, ctx, range(layer, layer + 1))
             seconds = time.perf_counter() - started
-            if layer + 1 < layers.stop and self.clock.stop_after(done, seconds, item.slack_s):
-                return state, range(layers.start, layer + 1)
-        return state, layers
+            if layer + 1 < layers.stop and self.clock.stop_after(
+                done, seconds, item.slack_s - late_s
+            ):
+                item.layers, item.completes = range(layers.start, layer + 1), False
+                break
+        return state
 
     def _graph_fits(self, positions: list[int], chunks: list[SeqChunk]) -> bool:
         """A CUDA graph can run the batch: a token each, and a captured size fits."""

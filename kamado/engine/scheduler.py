@@ -42,7 +42,7 @@ class ScheduledSeq:
     layers: range | None = None
     completes: bool = True  # the tokens have been through every layer after this step
     # Seconds a staged chunk's layers may add to the step: where the host's clock measures
-    # them (a CPU), they stop early once used, and `layers` becomes those that ran.
+    # them (a CPU), they stop early once used, and `layers` (and `completes`) tell what ran.
     slack_s: float | None = None
 
     @property
@@ -196,7 +196,7 @@ class Scheduler:
             seq.staged = StagedChunk(num_tokens)
         if layers:
             item = self._staged_item(seq, layers)
-            if not item.completes:  # one that samples runs as planned
+            if not item.samples:  # the prompt's last layers, sampling its token, run whole
                 item.slack_s = self.pacer.staged_slack()
             batch.append(item)
 

@@ -5,14 +5,15 @@ import pytest
 from kamado.engine.layer_clock import LayerClock
 
 
-def test_decode_only_layers_set_the_baseline_as_a_moving_average():
+def test_decode_only_layers_set_the_baseline_and_say_how_late_they_ran():
     clock = LayerClock()
-    clock.decodes_ran(0, 1.0)  # no layer: nothing learnt
-    assert clock.decode_layer_s is None
-    clock.decodes_ran(4, 0.040)
+    assert clock.decodes_ran(0, 1.0) == 0.0 and clock.decode_layer_s is None  # no layer
+    assert clock.decodes_ran(4, 0.040) == 0.0  # the first timing: nothing to compare with
     assert clock.decode_layer_s == pytest.approx(0.010)
-    clock.decodes_ran(2, 0.040)  # 20 ms a layer, weighed in at EMA
+    # Two layers at 20 ms each: 20 ms later than usual; weighed in at EMA.
+    assert clock.decodes_ran(2, 0.040) == pytest.approx(0.020)
     assert clock.decode_layer_s == pytest.approx(0.010 + LayerClock.EMA * 0.010)
+    assert clock.decodes_ran(3, 0.001) == 0.0  # early is not counted as slack to spend
 
 
 def test_a_chunk_stops_before_the_layer_that_would_pass_the_slack():
