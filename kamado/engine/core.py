@@ -369,7 +369,8 @@ class EngineCore:
         deltas = [self._append(v) for v in verified if v.seq.status is not Status.FINISHED]
         if self._in_flight is not None and self.speculator is not None:
             for item in self._in_flight.batch:  # its input tokens are in now
-                self.speculator.propose_late(item.seq)
+                if item.seq.status is not Status.FINISHED:  # released with the next launch
+                    self.speculator.propose_late(item.seq)
         num_generated = sum(len(d.new_token_ids) for d in deltas)
         self._update_stats(work, num_generated, seconds)
         self.stats.last_step_schedule_seconds = max(0.0, launched.started - scheduling)
@@ -457,6 +458,8 @@ class EngineCore:
         child.status = Status.RUNNING
         child.num_cached_tokens = parent.num_cached_tokens
         self.scheduler.running.append(child)
+        if partial and self.pool.num_free == 0:
+            self.scheduler.release_finished()  # blocks of a sequence just finished, if any
         if partial and self.pool.num_free == 0:
             # No block to copy into: the sibling recomputes its prompt later instead.
             self.scheduler.preempt(child)
