@@ -458,9 +458,7 @@ class EngineCore:
         child.status = Status.RUNNING
         child.num_cached_tokens = parent.num_cached_tokens
         self.scheduler.running.append(child)
-        if partial and self.pool.num_free == 0:
-            self.scheduler.release_finished()  # blocks of a sequence just finished, if any
-        if partial and self.pool.num_free == 0:
+        if partial and not self.scheduler.room_for(1):
             # No block to copy into: the sibling recomputes its prompt later instead.
             self.scheduler.preempt(child)
             return

@@ -338,6 +338,13 @@ class Scheduler:
         seq.staged = None
         self._retiring.append(seq)
 
+    def room_for(self, blocks: int) -> bool:
+        """Whether `blocks` blocks can be handed out, releasing finished sequences' first
+        where fewer are free."""
+        if self.pool.num_free < blocks:
+            self.release_finished()
+        return self.pool.num_free >= blocks
+
     def release_finished(self) -> None:
         """Release the blocks of the sequences finished since the last call, and end
         their turns."""
