@@ -21,6 +21,7 @@ from kamado.attention.triton_kernels import (
     extend_attention,
     store_kv,
 )
+from kamado.device_copy import copy_into, to_device
 from kamado.kv.cache import KVCache
 
 # Attention splits each context so that about this many programs run per step; a power of
@@ -195,7 +196,7 @@ class TritonAttention:
         extends = [i for i, c in enumerate(chunks) if c.query_len > 1]
 
         def ints(values: list[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+            return to_device(values, self.device, dtype)
 
         def tables(picked: list[SeqChunk]) -> torch.Tensor:
             width = max(-(-c.context_len // block_size) for c in picked)
@@ -204,7 +205,7 @@ class TritonAttention:
             # mixed steps on the H200; not yet rerun there).
             width = -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
             host = host_block_tables(picked, block_size, len(picked), width)
-            return host.to(self.device, non_blocking=True)
+            return to_device(host, self.device, torch.int32)
 
         decode = extend = None
         if decodes:
@@ -249,9 +250,9 @@ class TritonAttention:
         lens[:n] = torch.tensor([c.context_len for c in chunks], dtype=torch.int32)
         slot_mapping = torch.full((batch,), -1, dtype=torch.long)
         slot_mapping[:n] = torch.tensor(slots, dtype=torch.long)
-        to_device(slot_mapping, buffers.slot_mapping[:batch])
-        to_device(tables, buffers.block_tables[:batch, :width])
-        to_device(lens, buffers.context_lens[:batch])
+        copy_into(buffers.slot_mapping[:batch], slot_mapping)
+        copy_into(buffers.block_tables[:batch, :width], tables)
+        copy_into(buffers.context_lens[:batch], lens)
 
     def forward(
         self,
@@ -290,13 +291,6 @@ class TritonAttention:
             out.index_copy_(0, dec.rows, decoded)
         assert out is not None
         return out
-
-
-def to_device(host: torch.Tensor, out: torch.Tensor) -> None:
-    """Copy a small host tensor into a device buffer behind the work already queued. From
-    pinned memory the copy never waits for that work (one from pageable memory may), so
-    the next step can be launched while the device still runs this one."""
-    out.copy_(host.pin_memory(), non_blocking=True)
 
 
 def host_step_layout(chunks: list[SeqChunk], block_size: int) -> tuple[list[int], list[int]]:

@@ -44,6 +44,7 @@ class Gap(NamedTuple):
     gc_seconds: float  # garbage collections during the step
     cpu_threads: int  # threads the step computed with (0 on an accelerator)
     step: int  # the engine's step count: the streams' gaps that one step ended share it
+    ahead: int  # 1: launched before the step before it was read (its forward pass is the gap)
 
 
 @dataclass
@@ -113,7 +114,8 @@ class Streams:
                         (now - self.last[d.request_id], self.length[d.request_id],
                          stats.last_step_seconds, stats.last_step_schedule_seconds,
                          stats.last_step_finish_seconds, stats.last_step_prefill_tokens,
-                         stats.last_step_prefill_layers, gc_seconds, threads, stats.steps)
+                         stats.last_step_prefill_layers, gc_seconds, threads, stats.steps,
+                         int(stats.last_step_launched_ahead))
                     )  # fmt: skip
                     self.worst = max(self.worst, now - self.last[d.request_id])
                 self.last[d.request_id] = now
@@ -210,7 +212,8 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
 
 
 OVER_TARGET_COLUMNS = ("step", "ratio", "gap_ms", "step_ms", "schedule_ms", "finish_ms",
-                       "prefill_tokens", "prefill_layers", "gc_ms", "context")  # fmt: skip
+                       "prefill_tokens", "prefill_layers", "gc_ms", "context",
+                       "ahead")  # fmt: skip
 
 
 def _over_target(ranked: list[tuple[float, Gap]]) -> list[list[float]]:
@@ -235,6 +238,7 @@ def _record(ratio: float, g: Gap) -> dict:
         cpu_threads=g.cpu_threads,
         context=g.context,
         step=g.step,
+        ahead=g.ahead,
     )
 
 
@@ -289,7 +293,9 @@ def run_fairness(
                 f"{g['schedule_ms']:.1f} ms, the forward pass {g['step_ms']:.1f} ms and after "
                 f"it {g['finish_ms']:.1f} ms, with {g['prefill_tokens']} prompt tokens"
                 + (f" through {g['prefill_layers']} layers" if g["prefill_layers"] else "")
-                + f" on {g['cpu_threads']} threads; garbage collection {g['gc_ms']:.1f} ms",
+                + f" on {g['cpu_threads']} threads"
+                + (", launched ahead" if g["ahead"] else "")
+                + f"; garbage collection {g['gc_ms']:.1f} ms",
                 flush=True,
             )
         results.append(asdict(r))

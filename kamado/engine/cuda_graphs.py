@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 
 from kamado.attention.backend import SeqChunk
-from kamado.attention.triton_backend import TritonAttention, to_device
+from kamado.attention.triton_backend import TritonAttention
+from kamado.device_copy import copy_into
 from kamado.kv.cache import KVCache
 from kamado.models.rope import RotaryEmbedding
 from kamado.models.transformer import StepContext
@@ -85,10 +86,10 @@ class DecodeGraphs:
         else:
             ids = torch.zeros(batch, dtype=torch.long)
             ids[:n] = torch.tensor(input_ids)
-            to_device(ids, self.input_ids[:batch])
+            copy_into(self.input_ids[:batch], ids)
         pos = torch.zeros(batch, dtype=torch.long)
         pos[:n] = torch.tensor(positions)
-        to_device(pos, self.positions[:batch])
+        copy_into(self.positions[:batch], pos)
         self.backend.fill_decode_buffers(self.buffers, chunks, self.cache.block_size, batch)
         self.graphs[batch].replay()
         return self.hidden[batch][:n]

@@ -10,6 +10,7 @@ import torch
 
 from kamado.attention.backend import SeqChunk, make_backend
 from kamado.config import EngineConfig, ModelConfig
+from kamado.device_copy import to_device
 from kamado.engine.layer_clock import LayerClock
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.pacer import chunk_sizes
@@ -188,7 +189,8 @@ class ModelRunner:
             if item.samples:
                 assert last is not None
                 sampled.extend([last[-1:]] * (1 + len(item.seq.pending_forks)))
-        one_row_each = not staged and len(positions) == len(groups) == len(batch)
+        # A staged chunk that does not sample leaves the next step's inputs to the decodes.
+        one_row_each = len(positions) == len(groups) == len(whole)
         step = Launched(batch, groups, started, one_row_each)
         if not sampled:
             return step
@@ -216,8 +218,8 @@ class ModelRunner:
         if joining is None and self._graph_fits(positions, chunks):
             return self.graphs.run(ids, positions, chunks), None  # type: ignore[union-attr]
         ctx = self._context(chunks, max(positions) + 1)
-        ids_t = torch.as_tensor(ids, device=self.device)
-        pos = torch.tensor(positions, device=self.device)
+        ids_t = ids if isinstance(ids, torch.Tensor) else to_device(ids, self.device)
+        pos = to_device(positions, self.device)
         if joining is None:
             return self.forward(ids_t, pos, ctx), None
         layers = joining.layers
@@ -298,7 +300,7 @@ class ModelRunner:
         assert item.layers.start == chunk.next_layer
         start, end = seq.num_computed, seq.num_computed + chunk.num_tokens
         if chunk.state is None:
-            ids = torch.tensor(seq.token_ids[start:end], device=self.device)
+            ids = to_device(seq.token_ids[start:end], self.device)
             chunk.state = self.forward.embed(ids)
         positions = torch.arange(start, end, device=self.device)
         return chunk.state, positions, SeqChunk(chunk.num_tokens, end, seq.block_table)
@@ -346,7 +348,7 @@ class ModelRunner:
         first = rows[0]
         if rows == list(range(first, first + len(rows))):  # decodes: every row, in order
             return slice(first, first + len(rows))
-        return torch.tensor(rows).to(self.device, non_blocking=True)
+        return to_device(rows, self.device)
 
 
 @dataclass
@@ -358,7 +360,9 @@ class Launched:
     batch: list[ScheduledSeq]
     groups: list[tuple[Sequence, list[int]]]  # (sequence, draft), as the rows are sampled
     started: float  # time.perf_counter() at launch
-    one_row_each: bool  # every sequence computes one token and samples one row from it
+    # Every sequence through all layers computes one token and samples one row from it,
+    # and no staged chunk samples.
+    one_row_each: bool
     tokens: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     _host: torch.Tensor | None = None
@@ -382,8 +386,9 @@ class Launched:
 
     @property
     def plain_decode(self) -> bool:
-        """One greedy token per sequence, sampled on the device: a next decode step can
-        take its input tokens from `tokens` before the host has seen them."""
+        """One greedy token per decoding sequence, sampled on the device (beside, maybe, a
+        staged chunk's layers): a next step can take its decodes' input tokens from
+        `tokens` before the host has seen them."""
         return self.tokens is not None and self.one_row_each
 
     def tokens_of(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -393,7 +398,7 @@ class Launched:
         index = [row[id(seq)] for seq in seqs]
         if index == list(range(len(self.groups))):
             return self.tokens
-        return self.tokens[torch.tensor(index).to(self.tokens.device, non_blocking=True)]
+        return self.tokens[to_device(index, self.tokens.device)]
 
 
 @dataclass

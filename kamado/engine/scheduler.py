@@ -44,6 +44,7 @@ class ScheduledSeq:
     # Seconds a staged chunk's layers may add to the step: where the host's clock measures
     # them (a CPU), they stop early once used, and `layers` (and `completes`) tell what ran.
     slack_s: float | None = None
+    counted: bool = False  # its tokens count as computed (see EngineCore._count_computed)
 
     @property
     def samples(self) -> bool:
@@ -212,17 +213,27 @@ class Scheduler:
     def schedule_ahead(
         self, decoding: list[Sequence], continuing: list[Sequence]
     ) -> list[ScheduledSeq]:
-        """The decode step after the running one, planned before that step's tokens are
-        read. `decoding`: the running sequences that step decodes; `continuing`: those its
-        tokens do not end. Only where it is the step `schedule` would plan (nothing waits,
-        every running sequence decodes) and every one has room for one more token without
-        preempting anyone; otherwise [] and the next step is scheduled as usual."""
-        if self.waiting or len(decoding) != len(self.running) or not continuing:
+        """The step after the running one, planned before that step's tokens are read.
+        `decoding`: the running sequences that step decodes; `continuing`: those its tokens
+        do not end. Only where it is the step `schedule` would plan: nothing waits, every
+        running sequence decodes or is a long prompt going a few layers a step (whose next
+        layers join the step, as `_stage` picks them), and every decode has room for one
+        more token without preempting anyone; otherwise [] and the next step is scheduled
+        as usual. A chunk whose last layer is in flight must have been counted computed
+        already: the next chunk starts after it."""
+        if self.waiting or not continuing:
+            return []
+        decodes = {id(seq) for seq in decoding}
+        others = [seq for seq in self.running if id(seq) not in decodes]
+        if others and (not self.pacer.paces or any(self._short_turn(s) for s in others)):
             return []
         for seq in continuing:  # num_computed lags the step in flight by one
             if not self.pool.grow(seq.block_table, seq.num_computed + 2, self.block_size):
                 return []
-        return [ScheduledSeq(seq, 1) for seq in continuing]
+        batch = [ScheduledSeq(seq, 1) for seq in continuing]
+        if others:
+            self._stage(batch)
+        return batch
 
     def _next_waiting(self, deferred: set[int]) -> Sequence | None:
         """The sequence to admit next, of those not waiting for a restore or for blocks

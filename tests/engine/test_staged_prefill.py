@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 import pytest
 
@@ -45,9 +46,16 @@ STREAMS = {f"stream{i}": (prompt(i, 5 + i), greedy(40)) for i in range(3)}
 LONG_PROMPT = ("long", (prompt(10, 150), greedy(12)))
 
 
-def drive(engine: EngineCore, arrivals: dict[int, dict]) -> tuple[dict, list[tuple]]:
+class Step(NamedTuple):
+    decodes: int
+    prompt_tokens: int
+    layers: int  # of a staged chunk; 0: none
+    ahead: bool  # launched before the step before it was read
+
+
+def drive(engine: EngineCore, arrivals: dict[int, dict]) -> tuple[dict, list[Step]]:
     """Run to completion, adding arrivals[k] before step k. Returns the tokens of each
-    request's choices and, per step, (decodes, prompt tokens, prompt layers)."""
+    request's choices and what each step ran."""
     out: dict[str, dict[int, list[int]]] = {}
     trace = []
     step = 0
@@ -59,7 +67,14 @@ def drive(engine: EngineCore, arrivals: dict[int, dict]) -> tuple[dict, list[tup
                 delta.new_token_ids
             )
         s = engine.stats
-        trace.append((s.last_step_decodes, s.last_step_prefill_tokens, s.last_step_prefill_layers))
+        trace.append(
+            Step(
+                s.last_step_decodes,
+                s.last_step_prefill_tokens,
+                s.last_step_prefill_layers,
+                s.last_step_launched_ahead,
+            )
+        )
         step += 1
         assert step < MAX_STEPS, "the requests did not finish"
     return out, trace
@@ -78,8 +93,8 @@ def test_a_staged_prompt_gives_the_tokens_of_whole_chunks(four_layers, arch, chu
     got, trace = drive(engine, long_beside_streams())
     assert got == expected
     # The long prompt went a few layers a step beside the streams' decodes.
-    staged = [t for t in trace if t[0] == 3 and t[2] > 0]
-    assert staged and all(t[2] <= layers for t in staged)
+    staged = [t for t in trace if t.decodes == 3 and t.layers > 0]
+    assert staged and all(t.layers <= layers for t in staged)
     assert engine.pool.num_used == 0
 
 
@@ -91,7 +106,7 @@ def test_a_chunk_left_when_decodes_end_finishes_its_layers_in_one_step(four_laye
     got, trace = drive(paced(path, 9, 1), arrivals)
     assert got == expected
     # With no decodes left, a chunk part way through runs its remaining layers at once.
-    assert any(decodes == 0 and 1 < layers < NUM_LAYERS for decodes, _, layers in trace)
+    assert any(t.decodes == 0 and 1 < t.layers < NUM_LAYERS for t in trace)
 
 
 def test_a_follow_up_overtakes_a_long_prompt_going_by_layers(four_layers):
@@ -152,9 +167,11 @@ def test_an_abort_part_way_through_a_chunk_frees_its_blocks(four_layers):
     assert engine.pool.num_used == 0
 
 
-def test_the_prefix_cache_serves_a_prompt_computed_by_layers(four_layers):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_prefix_cache_serves_a_prompt_computed_by_layers(four_layers, overlap):
+    # With overlap, a chunk's blocks are cached once its last layer is queued.
     path = four_layers["qwen3"]
-    engine = paced(path, 16, 2)
+    engine = paced(path, 16, 2, overlap_decode=overlap)
     first, _ = drive(engine, long_beside_streams())
     again, _ = drive(engine, {0: {"again": LONG_PROMPT[1]}})
     assert again["again"] == first["long"]
@@ -211,6 +228,24 @@ def test_a_chunk_the_clock_stops_early_gives_the_same_tokens(four_layers, arch):
     assert got == expected
     # Planned 3 layers of 4, each step stops after one, but for the one step that samples
     # the prompt's token: it runs as planned.
-    staged = [layers for decodes, _, layers in trace if decodes == 3 and layers > 0]
+    staged = [t.layers for t in trace if t.decodes == 3 and t.layers > 0]
     assert sorted(staged)[-2:] == [1, 3]
+    assert engine.pool.num_used == 0
+
+
+@pytest.mark.parametrize("chunk,layers", [(16, 1), (40, 3)])
+def test_a_staged_prompt_goes_ahead_of_the_tokens_with_the_same_tokens(four_layers, chunk, layers):
+    # Launched before the step in flight is read (as on a GPU), a step carries the next
+    # layers of the chunk under way beside the decodes fed from the device.
+    path = four_layers["qwen3"]
+    streams = {f"stream{i}": (prompt(i, 5 + i), greedy(100)) for i in range(3)}
+    arrivals = {0: streams, 3: dict([LONG_PROMPT])}
+    expected, _ = drive(whole(path), arrivals)
+    engine = paced(path, chunk, layers, overlap_decode=True)
+    got, trace = drive(engine, arrivals)
+    assert got == expected
+    # Every step beside the prompt went ahead but its first (planned once the prompt had
+    # arrived), new chunks' first layers too.
+    beside = [t for t in trace if t.decodes and t.layers]
+    assert len(beside) > 4 and not beside[0].ahead and all(t.ahead for t in beside[1:])
     assert engine.pool.num_used == 0

@@ -145,10 +145,13 @@ def test_decode_launched_ahead_gives_the_tokens_of_one_step_at_a_time():
 CHUNK = 253  # the long prompts' chunks in both runs: 256 tokens a step less 3 decodes
 
 
-def staged_beside_streams(staged: bool, logprobs: int | None) -> tuple[dict, list[int]]:
+def staged_beside_streams(
+    staged: bool, logprobs: int | None
+) -> tuple[dict, list[tuple[int, bool]]]:
     """Three streams decode, then two long prompts arrive and go in chunks of CHUNK
     tokens: through 5 layers a step if `staged`, else through every layer at once.
-    Returns each request's tokens (or logprobs) and the layers of each step's chunk."""
+    Returns each request's tokens (or logprobs) and, per step, the layers of its chunk and
+    whether it was launched ahead."""
     engine = EngineCore(
         EngineConfig(
             model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
@@ -173,7 +176,9 @@ def staged_beside_streams(staged: bool, logprobs: int | None) -> tuple[dict, lis
             tokens.setdefault(delta.request_id, []).extend(
                 delta.logprobs if logprobs is not None else delta.new_token_ids
             )
-        layers.append(engine.stats.last_step_prefill_layers)
+        layers.append(
+            (engine.stats.last_step_prefill_layers, engine.stats.last_step_launched_ahead)
+        )
         if not engine.has_work():
             break
     assert engine.pool.num_used == 0
@@ -185,7 +190,10 @@ def test_prompts_staged_beside_decodes_follow_prompts_prefilled_whole():
     # between steps, in its own pass beside the decodes' graph.
     reference, _ = staged_beside_streams(staged=False, logprobs=2)
     tokens, layers = staged_beside_streams(staged=True, logprobs=None)
-    assert max(layers) == 5
+    assert max(n for n, _ in layers) == 5
+    # Greedy on the device: steps with a chunk's layers go ahead of the tokens too.
+    staged = [ahead for n, ahead in layers if n]
+    assert sum(staged) > len(staged) / 2
     matched = 0
     for rid in ("p0", "p1", "s0"):
         for entry, token in zip(reference[rid], tokens[rid], strict=True):
