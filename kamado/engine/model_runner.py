@@ -169,11 +169,12 @@ class ModelRunner:
                     for target in (seq, *seq.pending_forks):
                         rows.append(last)
                         groups.append((target, []))
-        # Staged chunks that finish their last layer sample after the rows above.
+        # Staged chunks that finish their last layer sample after the rows above (unless a
+        # layer clock stops them short of it: their masks, the last rows, then go unused).
         finishing = [item for item in staged if item.samples]
-        groups.extend((t, []) for item in finishing for t in (item.seq, *item.seq.pending_forks))
         ids = feed.tokens_of([item.seq for item in whole]) if feed is not None else input_ids
         row_seqs = [seq for seq, draft in groups for _ in range(1 + len(draft))]
+        row_seqs += [t for item in finishing for t in (item.seq, *item.seq.pending_forks)]
         masks = guides.prepare(row_seqs) if guides is not None else None
         sampled: list[torch.Tensor] = []  # final hidden states of the rows, in group order
         # Beside an eager pass (not a CUDA graph's) a staged chunk joins it for its layers.
@@ -188,7 +189,9 @@ class ModelRunner:
             last = joined if item is joining else self._run_staged(item)
             if item.samples:
                 assert last is not None
-                sampled.extend([last[-1:]] * (1 + len(item.seq.pending_forks)))
+                targets = (item.seq, *item.seq.pending_forks)
+                sampled.extend([last[-1:]] * len(targets))
+                groups.extend((t, []) for t in targets)
         # A staged chunk that does not sample leaves the next step's inputs to the decodes.
         one_row_each = len(positions) == len(groups) == len(whole)
         step = Launched(batch, groups, started, one_row_each)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kamado.device_copy import to_device
 from kamado.kv.cache import KVCache
 from kamado.kv.disk_tier import DiskTier
 from kamado.kv.host_tier import HostTier
@@ -102,7 +103,7 @@ class TierTransfers:
                 self._to_disk(block, key)  # every slot is still being copied out: bypass
         if not moving:
             return
-        blocks = torch.tensor([b for b, _, _ in moving], device=self.device)
+        blocks = to_device([b for b, _, _ in moving], self.device)
         rows = self.cache.gather_blocks(blocks)
         for row, (_, _, slot) in zip(rows, moving, strict=True):
             self.host.slots[slot].copy_(row, non_blocking=True)

@@ -226,10 +226,10 @@ def test_a_chunk_the_clock_stops_early_gives_the_same_tokens(four_layers, arch):
     engine.runner.clock = StopAfterOneLayer()
     got, trace = drive(engine, arrivals)
     assert got == expected
-    # Planned 3 layers of 4, each step stops after one, but for the one step that samples
-    # the prompt's token: it runs as planned.
+    # Planned 3 layers of 4, each step stops after one, the one that would sample the
+    # prompt's token too: it samples in the step that runs the last layer.
     staged = [t.layers for t in trace if t.decodes == 3 and t.layers > 0]
-    assert sorted(staged)[-2:] == [1, 3]
+    assert set(staged) == {1} and len(staged) == NUM_LAYERS * -(-150 // 16)
     assert engine.pool.num_used == 0
 
 
