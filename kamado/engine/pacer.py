@@ -9,7 +9,8 @@ chunk's tokens run through some of the layers in one step and through the next o
 the steps after. One layer of a chunk costs a fixed part (reading that layer's weights,
 its kernel launches, reading its K/V of the context) plus a part per token; the two are
 fitted over recent steps. A new chunk is sized so STAGED_TARGET_LAYERS of its layers fit
-the slack, and each step runs as many of its layers as fit. Splitting by layers is what
+the slack, and each step runs as many of its layers as fit; a size whose layers overran
+stays too large for the rest of the prompt. Splitting by layers is what
 keeps a step short deep into a long prompt, where even one token through every layer
 reads the whole context's K/V and would take longer than the slack.
 
