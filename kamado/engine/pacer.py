@@ -9,8 +9,7 @@ chunk's tokens run through some of the layers in one step and through the next o
 the steps after. One layer of a chunk costs a fixed part (reading that layer's weights,
 its kernel launches, reading its K/V of the context) plus a part per token; the two are
 fitted over recent steps. A new chunk is sized so STAGED_TARGET_LAYERS of its layers fit
-the slack, and each step runs as many of its layers as fit; a size whose layers overran
-stays too large for the rest of the prompt. Splitting by layers is what
+the slack, and each step runs as many of its layers as fit. Splitting by layers is what
 keeps a step short deep into a long prompt, where even one token through every layer
 reads the whole context's K/V and would take longer than the slack.
 
@@ -65,8 +64,6 @@ class PrefillPacer:
     EMA = 0.3
     PRIOR_MIN_TOKENS = 256  # prefill-only steps this large measure the cost per token
     SHORT_TURN_TOKENS = 2048
-    REMEMBERED_LAYERS = 8  # of each staged chunk size, kept past the window,
-    MIN_REMEMBERED = 3  # and how many tell (see _remembered_too_large)
 
     def __init__(self, factor: float, max_tokens: int, short_factor: float | None = None) -> None:
         self.factor = factor
@@ -77,9 +74,6 @@ class PrefillPacer:
         self._mixed: deque[Point] = deque(maxlen=self.WINDOW)  # whole chunks
         self._staged: deque[Point] = deque(maxlen=self.WINDOW)  # per layer of staged chunks
         self._most_layers: dict[int, int] = {}  # chunk size -> most layers run in one step
-        # Chunk size -> the cost of its last layers, for as long as the prompt goes deeper.
-        self._remembered: dict[int, deque[float]] = {}
-        self._depth = 0  # prompt tokens before the latest new staged chunk
         self._since_measure = 0
         self._since_measure_s = 0.0
 
@@ -140,15 +134,11 @@ class PrefillPacer:
 
     # ---- long prompts: chunks a few layers a step -------------------------------------
 
-    def staged_chunk_tokens(self, left: int, depth: int = 0) -> int:
+    def staged_chunk_tokens(self, left: int) -> int:
         """Tokens of a new chunk of a long prompt, to go a few layers per step, with `left`
-        tokens to go (or room for) after `depth` computed ones. Always one of the chunk
-        sizes, the end of a prompt too: the first step with a matmul shape never run is
-        slow (a 52-token last chunk of a 131k prompt took 18 ms through 2 layers beside
-        8 ms steps on the H200)."""
-        if depth < self._depth:  # a shallower prompt: its layers cost less than remembered
-            self._remembered.clear()
-        self._depth = depth
+        tokens to go (or room for). Always one of the chunk sizes, the end of a prompt
+        too: the first step with a matmul shape never run is slow (a 52-token last chunk
+        of a 131k prompt took 18 ms through 2 layers beside 8 ms steps on the H200)."""
         sizes = chunk_sizes(self.max_tokens)
         limit = min(max(self._staged_fit(sizes), 1), left)
         return max((n for n in sizes if n <= limit), default=0)
@@ -183,26 +173,7 @@ class PrefillPacer:
         for size, cost in sorted(self._own_costs().items()):
             if cost > per_layer:
                 return min(fits, int(size * per_layer / cost))
-        return min(fits, self._remembered_too_large(per_layer) - 1)
-
-    def _remembered_too_large(self, per_layer: float) -> int:
-        """The smallest size whose last layers (the median of at least MIN_REMEMBERED)
-        took more than `per_layer` earlier in this prompt, however long ago, above every
-        size whose layers fit; else no limit. A layer costs no less deeper in, so such a
-        size stays too large: forgotten by the window, a CPU run beside a 16k prompt went
-        back to 192-token chunks 400 steps after their layers had overrun, and 11 of the
-        next 24 overran again, up to 1.8x. (A smaller size that overran below a larger
-        one that fit was step noise.)"""
-        medians = {
-            t: statistics.median(e)
-            for t, e in self._remembered.items()
-            if len(e) >= self.MIN_REMEMBERED
-        }
-        fitting = max((t for t, cost in medians.items() if cost <= per_layer), default=0)
-        return min(
-            (t for t, cost in medians.items() if t > fitting and cost > per_layer),
-            default=self.max_tokens + 1,
-        )
+        return fits
 
     def _own_costs(self) -> dict[int, float]:
         """Each size in the window: the mean plus spread of its layers' cost."""
@@ -278,8 +249,6 @@ class PrefillPacer:
             tokens, layers = staged[0]
             self._staged.append((tokens, extra / layers))
             self._most_layers[tokens] = max(layers, self._most_layers.get(tokens, 0))
-            remembered = self._remembered.setdefault(tokens, deque(maxlen=self.REMEMBERED_LAYERS))
-            remembered.append(extra / layers)
 
     def _clamp(self, tokens: int, largest: int) -> int:
         return max(self.MIN_CHUNK, min(self.max_tokens, tokens, self.MAX_GROWTH * largest))

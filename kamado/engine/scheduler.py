@@ -172,10 +172,9 @@ class Scheduler:
     ) -> int:
         """Tokens a sequence being admitted computes first: a long prompt beside decodes,
         one staged chunk; any other, what the budget leaves. `cached`: as in _short_turn."""
-        depth = seq.num_computed if cached is None else cached
-        left = seq.num_tokens - depth
+        left = seq.num_uncomputed if cached is None else seq.num_tokens - cached
         if staging and not self._short_turn(seq, cached):
-            return self.pacer.staged_chunk_tokens(left, depth)
+            return self.pacer.staged_chunk_tokens(left)
         return min(left, budget)
 
     def _stage(self, batch: list[ScheduledSeq]) -> None:
@@ -190,8 +189,7 @@ class Scheduler:
             layers = self.pacer.staged_layers(seq.staged.num_tokens)
         else:
             room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
-            left = min(seq.num_uncomputed, room)
-            num_tokens = self.pacer.staged_chunk_tokens(left, seq.num_computed)
+            num_tokens = self.pacer.staged_chunk_tokens(min(seq.num_uncomputed, room))
             layers = self.pacer.staged_layers(num_tokens) if num_tokens > 0 else 0
             # Without blocks for it the chunk waits: blocks come free as decodes finish.
             if not layers or not self._reserve(seq, num_tokens):

@@ -80,7 +80,7 @@ class FixedPacer(PrefillPacer):
     def prefill_limit(self, num_decodes: int) -> int:
         return self.short if num_decodes else self.max_tokens
 
-    def staged_chunk_tokens(self, left: int, depth: int = 0) -> int:
+    def staged_chunk_tokens(self, left: int) -> int:
         return min(self.chunk, left)
 
     def staged_layers(self, num_tokens: int) -> int:

@@ -333,31 +333,3 @@ def test_chunks_of_one_size_that_overrun_the_slack_shrink_in_proportion():
     for extra in (0.0069, 0.0071, 0.0070, 0.0072):
         pacer.observe(3, 0, 0.0075 + extra, [(384, 1)])
     assert pacer.staged_chunk_tokens(LONG) <= 96
-
-
-def overrun_then_forgotten(pacer: PrefillPacer, overrun_tokens: int) -> None:
-    """On CPU beside a 16k prompt, 360 ms decode steps (a 90 ms slack, 45 ms a layer for
-    two a step): `overrun_tokens`-token chunks ran 4 layers of 150 ms, then the window
-    filled with 96-token ones at 30 ms a layer."""
-    pacer.observe(3, 0, 0.360)
-    for _ in range(4):
-        pacer.observe(3, 0, 0.360 + 0.150, [(overrun_tokens, 1)])
-    for _ in range(PrefillPacer.WINDOW):
-        pacer.observe(3, 0, 0.360 + 0.060, [(96, 2)])
-
-
-def test_a_size_whose_layers_overran_stays_too_large_once_the_window_forgot_it():
-    pacer = PrefillPacer(1.25, 8192)
-    pacer.staged_chunk_tokens(LONG, depth=1000)
-    overrun_then_forgotten(pacer, 128)
-    # The window alone would grow the chunk a size, to 128 (see the test below).
-    assert pacer.staged_chunk_tokens(LONG, depth=5000) == 96
-    # A shallower prompt (a new one) starts over: its layers cost less.
-    assert pacer.staged_chunk_tokens(LONG, depth=0) == 128
-
-
-def test_only_sizes_above_every_one_that_fit_are_remembered_too_large():
-    # 48-token layers that overran below 96-token ones that fit were step noise.
-    pacer = PrefillPacer(1.25, 8192)
-    overrun_then_forgotten(pacer, 48)
-    assert pacer.staged_chunk_tokens(LONG, depth=5000) == 128
