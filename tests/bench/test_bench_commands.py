@@ -41,7 +41,8 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         # Every step past the target is kept, the worst ones among them.
         columns = r["over_target_columns"]
         over = {row[0]: dict(zip(columns, row, strict=True)) for row in r["over_target"]}
-        assert list(over) == sorted(over) and all(o["ratio"] > 1.5 for o in over.values())
+        # (rows are rounded to 3 places: a ratio just past 1.5 reads 1.5)
+        assert list(over) == sorted(over) and all(o["ratio"] >= 1.5 for o in over.values())
         assert {g["step"] for g in r["worst_gaps"] if g["ratio"] > 1.5} <= set(over)
         alone = r["alone_worst_gaps"]
         assert len(alone) == 3 and alone[0]["ratio"] == r["alone_worst_ratio"]
