@@ -14,15 +14,22 @@ With --host, the host's time in the step's main calls (scheduling, building atte
 metadata, launching layers, reading tokens): per call, the mean over steps with prompt
 work against decode-only steps. A call that waits for the device shows as a long one.
 
+With --finish, the host's work after the tokens are read (the fairness bench's
+`finish_ms`), for the slowest such stretches: its wall time against the thread's own CPU
+time (a thread kept waiting, for the GIL or the OS, shows as wall without CPU), the page
+faults it took, each call in it, and the garbage collector's time.
+
     python scripts/staged_step_probe.py [--prompt-len 131000] [--seconds 60]
-        [--prefix 100000] [--profile 4] [--host]
+        [--prefix 100000] [--profile 4] [--host] [--finish]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import resource
 import statistics
+import threading
 import time
 from collections import defaultdict
 
@@ -32,6 +39,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from kamado.bench.throughput import random_prompts
 from kamado.config import EngineConfig
+from kamado.engine import core
 from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
 
@@ -78,19 +86,10 @@ def profile_steps(engine: EngineCore, steps: int, show: int) -> None:
 
 
 class HostTimes:
-    """Wraps methods of the engine's parts to add up the host's time in each, per step."""
+    """Wraps methods (owner, name) to add up the host's time in each, per step."""
 
-    def __init__(self, engine: EngineCore) -> None:
-        runner = engine.runner
+    def __init__(self, targets: list[tuple[object, str]]) -> None:
         self.step: dict[str, float] = defaultdict(float)
-        targets = [
-            (engine.scheduler, "schedule"), (runner, "launch"), (runner, "collect"),
-            (runner, "_context"), (runner, "_run_staged"), (runner, "_staged_input"),
-            (runner.forward, "run_layers"), (runner.forward, "logits"),
-            (runner.graphs, "run"), (runner.backend, "build_metadata"),
-            (engine.pacer, "observe"), (engine.pacer, "staged_layers"),
-            (engine.pacer, "staged_chunk_tokens"),
-        ]  # fmt: skip
         for owner, name in targets:
             if owner is None:  # no CUDA graphs
                 continue
@@ -111,7 +110,15 @@ class HostTimes:
 
 def host_times(engine: EngineCore, steps: int) -> None:
     """The host's time per call, in steps with prompt work and in decode-only ones."""
-    times = HostTimes(engine)
+    runner = engine.runner
+    times = HostTimes([
+        (engine.scheduler, "schedule"), (runner, "launch"), (runner, "collect"),
+        (runner, "_context"), (runner, "_run_staged"), (runner, "_staged_input"),
+        (runner.forward, "run_layers"), (runner.forward, "logits"),
+        (runner.graphs, "run"), (runner.backend, "build_metadata"),
+        (engine.pacer, "observe"), (engine.pacer, "staged_layers"),
+        (engine.pacer, "staged_chunk_tokens"),
+    ])  # fmt: skip
     sums = {True: defaultdict(float), False: defaultdict(float)}
     counts = {True: 0, False: 0}
     walls = {True: 0.0, False: 0.0}
@@ -138,6 +145,61 @@ def host_times(engine: EngineCore, steps: int) -> None:
         )
 
 
+def finish_times(engine: EngineCore, seconds: float, show: int) -> None:
+    """The slowest stretches of host work after a step's tokens are read."""
+    times = HostTimes([
+        (engine, "_append"), (engine, "_update_stats"), (engine, "_count_computed"),
+        (engine.pacer, "observe"),
+    ])  # fmt: skip
+    core.StepWork.of = times._timed("StepWork.of", core.StepWork.of)
+    read: list[float] = [0.0, 0.0, 0]  # wall and thread time, page faults: collect's return
+    collect = engine.runner.collect
+
+    def faults() -> int:
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        return usage.ru_minflt + usage.ru_majflt
+
+    def marked_collect(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = collect(*args, **kwargs)
+        read[:] = [time.perf_counter(), time.thread_time(), faults()]
+        return out
+
+    engine.runner.collect = marked_collect
+    gc_s = [0.0, 0.0]
+
+    def time_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_s[1] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - gc_s[1]
+
+    gc.callbacks.append(time_gc)
+    print(f"threads: {[t.name for t in threading.enumerate()]}")
+    rows = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds and engine.has_work():
+        times.step.clear()
+        gc_s[0] = 0.0
+        engine.step()
+        wall, cpu = time.perf_counter() - read[0], time.thread_time() - read[1]
+        new_faults = faults() - read[2]
+        s = engine.stats
+        rows.append((wall, cpu, gc_s[0], s.steps, s.last_step_prefill_tokens,
+                     s.last_step_prefill_layers, dict(times.step), new_faults))  # fmt: skip
+    gc.callbacks.remove(time_gc)
+    walls = sorted(r[0] for r in rows)
+    print(f"{len(rows)} steps; finish ms median {walls[len(walls) // 2] * 1e3:.3f}, "
+          f"over 0.5 ms: {sum(1 for w in walls if w > 5e-4)}")  # fmt: skip
+    print(f"page faults per finish: median {statistics.median(r[7] for r in rows)}")
+    for wall, cpu, gcs, step, tokens, layers, calls, n_faults in sorted(rows, key=lambda r: -r[0])[
+        :show
+    ]:
+        ranked = sorted(calls.items(), key=lambda kv: -kv[1])
+        parts = " ".join(f"{k}={v * 1e3:.3f}" for k, v in ranked)
+        print(f"step {step} ({tokens}x{layers}): wall {wall * 1e3:.3f} cpu {cpu * 1e3:.3f} "
+              f"faults {n_faults} gc {gcs * 1e3:.3f} | {parts}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="synthetic:qwen3-8b-128k")
@@ -147,6 +209,7 @@ def main() -> None:
     parser.add_argument("--prefix", type=int, default=0)
     parser.add_argument("--profile", type=int, default=0)
     parser.add_argument("--host", action="store_true")
+    parser.add_argument("--finish", action="store_true")
     args = parser.parse_args()
     config = EngineConfig(model=args.model, device="cuda", dtype="bfloat16", speculation="off")
     config.max_model_len = 2 * args.prompt_len + 1024
@@ -167,6 +230,9 @@ def main() -> None:
         profile_steps(engine, args.profile, args.show)
     if args.host:
         host_times(engine, 2000)
+        return
+    if args.finish:
+        finish_times(engine, args.seconds, args.show)
         return
     kernels = triton_kernels()
     rows = []

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+import torch
+
 from kamado.bench.throughput import random_prompts
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
@@ -45,6 +47,7 @@ class Gap(NamedTuple):
     cpu_threads: int  # threads the step computed with (0 on an accelerator)
     step: int  # the engine's step count: the streams' gaps that one step ended share it
     ahead: int  # 1: launched before the step before it was read (its forward pass is the gap)
+    device_mallocs: int  # memory the device's caching allocator had to ask the driver for
 
 
 @dataclass
@@ -88,6 +91,7 @@ class Streams:
         self._rows: list[tuple] = []
         self.gc_seconds = 0.0
         self._gc_started = 0.0
+        self._cuda = engine.runner.device if engine.runner.device.type == "cuda" else None
         self.worst = 0.0  # seconds, the longest gap since it was last set to 0
         gc.callbacks.append(self._time_gc)
         while len(self.last) < STREAMS:  # prefill the streams
@@ -101,10 +105,11 @@ class Streams:
 
     def step(self) -> set[str]:
         """One engine step; returns the ids of the requests that got a token."""
-        gc_before = self.gc_seconds
+        gc_before, segments = self.gc_seconds, self._device_segments()
         deltas = self.engine.step()
         now = time.perf_counter()
         stats, gc_seconds = self.engine.stats, self.gc_seconds - gc_before
+        mallocs = self._device_segments() - segments
         threads = self.engine.threads.threads if self.engine.threads is not None else 0
         for d in deltas:
             if d.request_id in self.length:
@@ -115,11 +120,18 @@ class Streams:
                          stats.last_step_seconds, stats.last_step_schedule_seconds,
                          stats.last_step_finish_seconds, stats.last_step_prefill_tokens,
                          stats.last_step_prefill_layers, gc_seconds, threads, stats.steps,
-                         int(stats.last_step_launched_ahead))
+                         int(stats.last_step_launched_ahead), mallocs)
                     )  # fmt: skip
                     self.worst = max(self.worst, now - self.last[d.request_id])
                 self.last[d.request_id] = now
         return {d.request_id for d in deltas}
+
+    def _device_segments(self) -> int:
+        """Segments the caching allocator has allocated so far (cudaMalloc takes
+        milliseconds); 0 on a CPU."""
+        if self._cuda is None:
+            return 0
+        return torch.cuda.memory_stats(self._cuda)["segment.all.allocated"]
 
     @property
     def count(self) -> int:
@@ -213,7 +225,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
 
 OVER_TARGET_COLUMNS = ("step", "ratio", "gap_ms", "step_ms", "schedule_ms", "finish_ms",
                        "prefill_tokens", "prefill_layers", "gc_ms", "context",
-                       "ahead")  # fmt: skip
+                       "ahead", "device_mallocs")  # fmt: skip
 
 
 def _over_target(ranked: list[tuple[float, Gap]]) -> list[list[float]]:
@@ -239,6 +251,7 @@ def _record(ratio: float, g: Gap) -> dict:
         context=g.context,
         step=g.step,
         ahead=g.ahead,
+        device_mallocs=g.device_mallocs,
     )
 
 
@@ -295,6 +308,7 @@ def run_fairness(
                 + (f" through {g['prefill_layers']} layers" if g["prefill_layers"] else "")
                 + f" on {g['cpu_threads']} threads"
                 + (", launched ahead" if g["ahead"] else "")
+                + (f", {g['device_mallocs']} device mallocs" if g["device_mallocs"] else "")
                 + f"; garbage collection {g['gc_ms']:.1f} ms",
                 flush=True,
             )

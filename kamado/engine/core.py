@@ -6,7 +6,6 @@ caller's business (it aborts a request once its text matched one).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
@@ -23,6 +22,7 @@ from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import ScheduledSeq, Scheduler
 from kamado.engine.sequence import Sequence, Status
+from kamado.engine.step_collector import StepCollector
 from kamado.kv.block_pool import BlockPool
 from kamado.kv.disk_tier import DiskTier
 from kamado.kv.host_tier import HostTier
@@ -186,10 +186,8 @@ class EngineCore:
         self._in_flight: Launched | None = None  # a decode step launched ahead, not read yet
         self._last_collected = 0.0
         self.stats = EngineStats(kv_blocks_total=self.num_blocks)
-        # Everything alive now lives as long as the engine: keep it out of the collector's
-        # scans, so a collection between steps stays short and decode gaps stay even.
-        gc.collect()
-        gc.freeze()
+        # Last: it freezes everything alive now, out of the collector's scans.
+        self.collector = StepCollector(enabled=self.runner.device.type == "cuda")
 
     def _disk_tier(self) -> DiskTier | None:
         c = self.config
@@ -320,6 +318,10 @@ class EngineCore:
     # ---- the step ---------------------------------------------------------------------
 
     def step(self) -> list[TokenDelta]:
+        with self.collector.holding():
+            return self._step()
+
+    def _step(self) -> list[TokenDelta]:
         scheduling = time.perf_counter()
         launched, self._in_flight = self._in_flight, None
         self.stats.last_step_launched_ahead = launched is not None
@@ -339,6 +341,7 @@ class EngineCore:
             self._in_flight = self._launch_ahead(launched)
         # While the device computes (see Scheduler.finish).
         self.scheduler.release_finished()
+        self.collector.collect_due()
         verified = self.runner.collect(launched)
         collected = time.perf_counter()
         # A step launched ahead starts on the device once the one before it is done.

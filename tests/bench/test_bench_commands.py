@@ -33,8 +33,10 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         assert worst["ratio"] == r["worst_ratio"] and worst["step_ms"] > 0
         for g in r["worst_gaps"] + r["alone_worst_gaps"]:
             # On a CPU no step is launched ahead: the host's work before and after the
-            # forward pass and the pass itself all lie inside the gap the step ended.
+            # forward pass and the pass itself all lie inside the gap the step ended. Nor
+            # is there a device allocator to count mallocs of.
             assert g["schedule_ms"] > 0 and g["finish_ms"] > 0 and not g["ahead"]
+            assert g["device_mallocs"] == 0
             assert g["gap_ms"] >= g["schedule_ms"] + g["step_ms"] + g["finish_ms"]
         steps = [g["step"] for g in r["worst_gaps"]]
         assert len(set(steps)) == len(steps)  # each step once, not once per stream
