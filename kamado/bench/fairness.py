@@ -47,7 +47,7 @@ class Gap(NamedTuple):
     cpu_threads: int  # threads the step computed with (0 on an accelerator)
     step: int  # the engine's step count: the streams' gaps that one step ended share it
     ahead: int  # 1: launched before the step before it was read (its forward pass is the gap)
-    device_mallocs: int  # memory the device's caching allocator had to ask the driver for
+    device_mallocs: int  # segments the device's caching allocator asked the driver for
 
 
 @dataclass
