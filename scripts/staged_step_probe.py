@@ -37,6 +37,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from kamado.bench.fairness import CollectionTimer
 from kamado.bench.throughput import random_prompts
 from kamado.config import EngineConfig
 from kamado.engine import core
@@ -165,35 +166,26 @@ def finish_times(engine: EngineCore, seconds: float, show: int) -> None:
         return out
 
     engine.runner.collect = marked_collect
-    gc_s = [0.0, 0.0]
-
-    def time_gc(phase: str, info: dict) -> None:
-        if phase == "start":
-            gc_s[1] = time.perf_counter()
-        else:
-            gc_s[0] += time.perf_counter() - gc_s[1]
-
-    gc.callbacks.append(time_gc)
+    collections = CollectionTimer()
     print(f"threads: {[t.name for t in threading.enumerate()]}")
     rows = []
     started = time.perf_counter()
     while time.perf_counter() - started < seconds and engine.has_work():
         times.step.clear()
-        gc_s[0] = 0.0
+        gc_before = collections.seconds
         engine.step()
         wall, cpu = time.perf_counter() - read[0], time.thread_time() - read[1]
-        new_faults = faults() - read[2]
+        new_faults, gc_seconds = faults() - read[2], collections.seconds - gc_before
         s = engine.stats
-        rows.append((wall, cpu, gc_s[0], s.steps, s.last_step_prefill_tokens,
+        rows.append((wall, cpu, gc_seconds, s.steps, s.last_step_prefill_tokens,
                      s.last_step_prefill_layers, dict(times.step), new_faults))  # fmt: skip
-    gc.callbacks.remove(time_gc)
+    collections.close()
     walls = sorted(r[0] for r in rows)
     print(f"{len(rows)} steps; finish ms median {walls[len(walls) // 2] * 1e3:.3f}, "
           f"over 0.5 ms: {sum(1 for w in walls if w > 5e-4)}")  # fmt: skip
     print(f"page faults per finish: median {statistics.median(r[7] for r in rows)}")
-    for wall, cpu, gcs, step, tokens, layers, calls, n_faults in sorted(rows, key=lambda r: -r[0])[
-        :show
-    ]:
+    slowest = sorted(rows, key=lambda r: -r[0])[:show]
+    for wall, cpu, gcs, step, tokens, layers, calls, n_faults in slowest:
         ranked = sorted(calls.items(), key=lambda kv: -kv[1])
         parts = " ".join(f"{k}={v * 1e3:.3f}" for k, v in ranked)
         print(f"step {step} ({tokens}x{layers}): wall {wall * 1e3:.3f} cpu {cpu * 1e3:.3f} "

@@ -74,6 +74,24 @@ class Fairness:
     over_target: list[list[float]]
 
 
+class CollectionTimer:
+    """Seconds the garbage collector has run since this was made, until `close`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._time)
+
+    def _time(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._time)
+
+
 class Streams:
     """Decoding streams in an engine, with every gap between their tokens recorded."""
 
@@ -89,26 +107,18 @@ class Streams:
         # Gap, a tuple subclass, stays tracked): a run keeps tens of thousands, and as
         # tracked objects they lengthened the collections whose pauses the gaps measure.
         self._rows: list[tuple] = []
-        self.gc_seconds = 0.0
-        self._gc_started = 0.0
+        self.collections = CollectionTimer()
         self._cuda = engine.runner.device if engine.runner.device.type == "cuda" else None
         self.worst = 0.0  # seconds, the longest gap since it was last set to 0
-        gc.callbacks.append(self._time_gc)
         while len(self.last) < STREAMS:  # prefill the streams
             self.step()
 
-    def _time_gc(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_started = time.perf_counter()
-        else:
-            self.gc_seconds += time.perf_counter() - self._gc_started
-
     def step(self) -> set[str]:
         """One engine step; returns the ids of the requests that got a token."""
-        gc_before, segments = self.gc_seconds, self._device_segments()
+        gc_before, segments = self.collections.seconds, self._device_segments()
         deltas = self.engine.step()
         now = time.perf_counter()
-        stats, gc_seconds = self.engine.stats, self.gc_seconds - gc_before
+        stats, gc_seconds = self.engine.stats, self.collections.seconds - gc_before
         mallocs = self._device_segments() - segments
         threads = self.engine.threads.threads if self.engine.threads is not None else 0
         for d in deltas:
@@ -151,7 +161,7 @@ class Streams:
     def close(self) -> None:
         for request_id in self.length:
             self.engine.abort(request_id)
-        gc.callbacks.remove(self._time_gc)
+        self.collections.close()
 
 
 def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fairness:

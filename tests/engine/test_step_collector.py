@@ -27,10 +27,7 @@ def low_thresholds():
 
 def cycles(n: int) -> list[weakref.ref]:
     """`n` unreachable cycles, and a weak reference to each to see whether it is freed."""
-    refs = []
-    for _ in range(n):
-        refs.append(weakref.ref(Node()))
-    return refs
+    return [weakref.ref(Node()) for _ in range(n)]
 
 
 def alive(refs: list[weakref.ref]) -> int:

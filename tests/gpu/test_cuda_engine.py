@@ -231,19 +231,28 @@ def compiled_attention_kernels() -> int:
     return sum(len(cache[0]) for fn in fns for cache in fn.device_caches.values())
 
 
-def test_no_attention_kernel_compiles_after_the_engine_starts():
-    """Short chunks over long contexts beside decodes, long chunks, every tile size and
-    split count: all compiled at start, none mid-run (each compile stalled a step 0.6-2.5 s)."""
-    engine = EngineCore(
+# A 3,000-token prompt: chunks of it over a long context beside decodes.
+LONG_PROMPT = [(j * 104729) % 30000 + 100 for j in range(3000)]
+
+
+def long_prompt_engine() -> EngineCore:
+    """Chunks of at most 512 tokens, so a long prompt goes in several beside decodes."""
+    return EngineCore(
         EngineConfig(
             model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
             kv_cache_bytes=1 << 30, max_num_seqs=8, max_num_batched_tokens=512,
             speculation="off",
         )
     )  # fmt: skip
+
+
+def test_no_attention_kernel_compiles_after_the_engine_starts():
+    """Short chunks over long contexts beside decodes, long chunks, every tile size and
+    split count: all compiled at start, none mid-run (each compile stalled a step 0.6-2.5 s)."""
+    engine = long_prompt_engine()
     compiled = compiled_attention_kernels()
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
-    long = [(j * 104729) % 30000 + 100 for j in range(3000)]
+    long = LONG_PROMPT
     engine.add_request("long", long, params)
     engine.add_request("short", long[:5], params)
     for _ in range(12):  # the long prompt in chunks beside the short one decoding
@@ -260,13 +269,7 @@ def test_no_attention_kernel_compiles_after_the_engine_starts():
 def test_garbage_is_collected_only_while_the_device_computes():
     """No collection starts mid-step (a 2.4 ms one made the 128k fairness bench's worst
     gap), nor is garbage left uncollected: the engine collects while it waits for tokens."""
-    engine = EngineCore(
-        EngineConfig(
-            model="synthetic:qwen3-0.6b", device="cuda", dtype="bfloat16",
-            kv_cache_bytes=1 << 30, max_num_seqs=8, max_num_batched_tokens=512,
-            speculation="off",
-        )
-    )  # fmt: skip
+    engine = long_prompt_engine()
     where: list[str] = []
     state = {"in": "outside"}
 
@@ -291,7 +294,7 @@ def test_garbage_is_collected_only_while_the_device_computes():
     gc.callbacks.append(seen)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-        engine.add_request("long", [(j * 104729) % 30000 + 100 for j in range(3000)], params)
+        engine.add_request("long", LONG_PROMPT, params)
         engine.add_request("short", list(range(100, 120)), params)
         while engine.has_work():
             engine.step()
