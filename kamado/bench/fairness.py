@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from kamado.bench.lost_cpu import LostCpu
 from kamado.bench.throughput import random_prompts
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
@@ -48,6 +49,10 @@ class Gap(NamedTuple):
     step: int  # the engine's step count: the streams' gaps that one step ended share it
     ahead: int  # 1: launched before the step before it was read (its forward pass is the gap)
     device_mallocs: int  # segments the device's caching allocator asked the driver for
+    # CPU time taken from the benchmark since the step before (see lost_cpu): CPU-seconds
+    # the hypervisor gave other guests, over all cores, and seconds its threads waited for one.
+    stolen_seconds: float
+    waited_seconds: float
 
 
 @dataclass
@@ -108,6 +113,8 @@ class Streams:
         # tracked objects they lengthened the collections whose pauses the gaps measure.
         self._rows: list[tuple] = []
         self.collections = CollectionTimer()
+        self.lost = LostCpu()
+        self._lost_at = self._lost_now()
         self._cuda = engine.runner.device if engine.runner.device.type == "cuda" else None
         self.worst = 0.0  # seconds, the longest gap since it was last set to 0
         while len(self.last) < STREAMS:  # prefill the streams
@@ -120,6 +127,8 @@ class Streams:
         now = time.perf_counter()
         stats, gc_seconds = self.engine.stats, self.collections.seconds - gc_before
         mallocs = self._device_segments() - segments
+        (stolen_before, waited_before), self._lost_at = self._lost_at, self._lost_now()
+        stolen, waited = self._lost_at[0] - stolen_before, self._lost_at[1] - waited_before
         threads = self.engine.threads.threads if self.engine.threads is not None else 0
         for d in deltas:
             if d.request_id in self.length:
@@ -130,11 +139,14 @@ class Streams:
                          stats.last_step_seconds, stats.last_step_schedule_seconds,
                          stats.last_step_finish_seconds, stats.last_step_prefill_tokens,
                          stats.last_step_prefill_layers, gc_seconds, threads, stats.steps,
-                         int(stats.last_step_launched_ahead), mallocs)
+                         int(stats.last_step_launched_ahead), mallocs, stolen, waited)
                     )  # fmt: skip
                     self.worst = max(self.worst, now - self.last[d.request_id])
                 self.last[d.request_id] = now
         return {d.request_id for d in deltas}
+
+    def _lost_now(self) -> tuple[float, float]:
+        return self.lost.stolen(), self.lost.waited()
 
     def _device_segments(self) -> int:
         """Segments the caching allocator has allocated so far (cudaMalloc takes
@@ -235,7 +247,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
 
 OVER_TARGET_COLUMNS = ("step", "ratio", "gap_ms", "step_ms", "schedule_ms", "finish_ms",
                        "prefill_tokens", "prefill_layers", "gc_ms", "context",
-                       "ahead", "device_mallocs")  # fmt: skip
+                       "ahead", "device_mallocs", "stolen_ms", "waited_ms")  # fmt: skip
 
 
 def _over_target(ranked: list[tuple[float, Gap]]) -> list[list[float]]:
@@ -262,6 +274,8 @@ def _record(ratio: float, g: Gap) -> dict:
         step=g.step,
         ahead=g.ahead,
         device_mallocs=g.device_mallocs,
+        stolen_ms=g.stolen_seconds * 1e3,
+        waited_ms=g.waited_seconds * 1e3,
     )
 
 
@@ -319,7 +333,9 @@ def run_fairness(
                 + f" on {g['cpu_threads']} threads"
                 + (", launched ahead" if g["ahead"] else "")
                 + (f", {g['device_mallocs']} device mallocs" if g["device_mallocs"] else "")
-                + f"; garbage collection {g['gc_ms']:.1f} ms",
+                + f"; garbage collection {g['gc_ms']:.1f} ms"
+                + f"; CPU lost to others: {g['stolen_ms']:.0f} ms stolen, "
+                f"{g['waited_ms']:.1f} ms waited",
                 flush=True,
             )
         results.append(asdict(r))

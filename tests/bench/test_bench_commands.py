@@ -37,6 +37,7 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
             # is there a device allocator to count mallocs of.
             assert g["schedule_ms"] > 0 and g["finish_ms"] > 0 and not g["ahead"]
             assert g["device_mallocs"] == 0
+            assert g["stolen_ms"] >= 0 and g["waited_ms"] > -1.0  # (see lost_cpu.waited)
             assert g["gap_ms"] >= g["schedule_ms"] + g["step_ms"] + g["finish_ms"]
         steps = [g["step"] for g in r["worst_gaps"]]
         assert len(set(steps)) == len(steps)  # each step once, not once per stream
