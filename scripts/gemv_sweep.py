@@ -4,7 +4,7 @@ chooses among, so the list it gets can be the configurations that win somewhere.
 weights (no scales: triton_matmul.dense_matmul) run beside cuBLAS, whose figure for the
 shape is printed first. The last shape is the output head.
 
-    python scripts/gemv_sweep.py [ROWS [FORMAT ...]]
+    python scripts/gemv_sweep.py [ROWS [FORMAT ...]] [--pdl-only]
 """
 
 from __future__ import annotations
@@ -21,19 +21,24 @@ from kamado.surgery import formats
 from kamado.surgery import triton_matmul as tm
 
 SHAPES = [(6144, 4096), (4096, 4096), (4096, 12288), (24576, 4096), (151936, 4096)]
-# (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K)
+# (BLOCK_N, BLOCK_K, num_warps, SPLIT_K, STEP_SUMS)
 CONFIGS = [
-    (8, 512, 4, 3, 1), (16, 1024, 8, 3, 1), (8, 2048, 8, 3, 1), (4, 1024, 4, 3, 1),
-    (8, 1024, 4, 3, 2), (8, 1024, 4, 3, 4), (16, 512, 4, 3, 4), (4, 1024, 4, 3, 4),
-    (16, 1024, 8, 3, 4), (4, 512, 4, 3, 8), (8, 512, 4, 3, 8), (16, 512, 4, 3, 8),
-    (2, 1024, 4, 3, 4), (4, 2048, 8, 3, 4), (16, 256, 4, 3, 8), (2, 512, 2, 3, 8),
+    (8, 512, 4, 1, False), (4, 1024, 4, 1, False), (16, 512, 4, 8, False),
+    (4, 4096, 4, 1, True), (8, 4096, 4, 1, True), (8, 4096, 8, 1, True),
+    (2, 4096, 4, 1, True), (4, 4096, 8, 1, True), (16, 4096, 8, 1, True),
+    (4, 2048, 4, 1, True), (8, 2048, 4, 1, True), (16, 2048, 8, 1, True),
+    (2, 2048, 2, 1, True), (4, 2048, 4, 2, True), (8, 2048, 4, 2, True),
+    (4, 4096, 4, 2, True), (8, 1024, 4, 1, True), (4, 1024, 4, 4, True),
 ]  # fmt: skip
+
+
+PDL = (True,) if "--pdl-only" in sys.argv else (False, True)
 
 
 def tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
     """Weight bytes read per second by the kernel in one configuration, rotated over copies,
     each call launched with programmatic dependent launch (kamado.pdl) or without."""
-    bn, bk, warps, stages, split = config
+    bn, bk, warps, split, sums = config
     options = launch_options(x.device) if pdl else {"PDL": False}
     n, rows = copies[0][0].shape[0], x.shape[0]
     if split > 1 and n > tm.SPLIT_MAX_OUT:
@@ -44,8 +49,8 @@ def tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) ->
         tm._rowwise_kernel[(triton.cdiv(n, bn), rows, split)](
             x, q, tm._optional_arg(x, scales), x, out, *tm.split_buffers(x.device), n,
             x.stride(0), q.stride(0), out.stride(0), K=k, HAS_SCALE=scales is not None,
-            HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps,
-            num_stages=stages, **options,
+            HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, STEP_SUMS=sums,
+            num_warps=warps, **options,
         )  # fmt: skip
 
     ms = graph_ms([lambda w=w: call(*w) for w in copies])
@@ -66,12 +71,12 @@ def main() -> None:
     formats_swept = {
         "fp8": formats.quantize_fp8, "int8": formats.quantize_int8, "bf16": unquantized,
     }  # fmt: skip
-    for name in sys.argv[2:] or formats_swept:
+    for name in [a for a in sys.argv[2:] if a != "--pdl-only"] or formats_swept:
         quantize = formats_swept[name]
         scaled = "" if name == "bf16" else ", a scale per row"
         print(f"{name}{scaled}, input rows {rows}: TB/s of weight bytes per config")
         shapes = " ".join(f"{n:>5d}x{k:<5d}" for n, k in SHAPES)
-        print(f"    (BLOCK_N, BLOCK_K, warps, stages, split) | {shapes}")
+        print(f"  (BLOCK_N, BLOCK_K, warps, split, sums) | {shapes}")
         copies = {}
         for n, k in SHAPES:
             q, scales = quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
@@ -81,7 +86,7 @@ def main() -> None:
         if name == "bf16":
             cublas = [cublas_tb_per_s(copies[n, k], x[k]) for n, k in SHAPES]
             print(f"{'cuBLAS':>32s} | " + " ".join(f"{c / 1e12:11.2f}" for c in cublas))
-        for config, pdl in itertools.product(CONFIGS, (False, True)):
+        for config, pdl in itertools.product(CONFIGS, PDL):
             cells = []
             for n, k in SHAPES:
                 try:

@@ -4,14 +4,14 @@ dequantize-then-cuBLAS for everything wider.
 Decode reads every weight once per token, so its matmuls are bound by the bytes they read.
 - int8 and fp8 weights at up to GEMV_MAX_ROWS input rows run a GEMV per row: it reads the
   bytes and their scales, widens them in registers and accumulates in float32.
-- int4 weights at up to DOT_MAX_ROWS rows, and int8 and fp8 from three rows (fp8 from one
-  for outputs of DOT_MIN_OUT rows or more), go through tensor cores: each program widens
-  its tile in registers (int4 through bit tricks, not the int-to-float instruction, which
-  Hopper issues at an eighth of the FMA rate) and reads it once for all input rows.
+- int4 weights at up to DOT_MAX_ROWS rows, and int8 and fp8 from three rows, go through
+  tensor cores: each program widens its tile in registers (int4 through bit tricks, not
+  the int-to-float instruction, which Hopper issues at an eighth of the FMA rate) and
+  reads it once for all input rows.
 - Wider inputs (prefill, large batches) are compute-bound: the weight is widened to the
   activation dtype once and cuBLAS does the product.
-Measured per shape on an H200: `python scripts/gemv_bandwidth.py [ROWS]`, and per int4
-tile configuration `python scripts/int4_sweep.py`.
+Measured per shape on an H200: `python scripts/gemv_bandwidth.py [ROWS]`, and per tile
+configuration `python scripts/gemv_sweep.py` and `python scripts/dot_sweep.py`.
 """
 
 from __future__ import annotations
@@ -29,16 +29,18 @@ from kamado.surgery.formats import unpack_int4
 
 GEMV_MAX_ROWS = 2
 DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
-DOT_MIN_OUT = 16384  # output rows from which the tensor-core kernel wins at 1-2 input rows
 # False: dense_matmul is F.linear throughout (scripts/decode_profile.py --dense-gemv
 # compares the two); read at each call, so it holds for graphs captured after it is set.
 dense_gemv = True
 
 _CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=w)
-    for bn, bk, w, split in [
-        (8, 512, 4, 1), (16, 1024, 8, 1), (32, 512, 8, 1), (8, 2048, 8, 1), (4, 1024, 4, 1),
-        (8, 1024, 4, 4), (8, 512, 4, 8), (16, 512, 4, 8),
+    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "STEP_SUMS": sums}, num_warps=w)
+    for bn, bk, w, split, sums in [
+        (8, 512, 4, 1, False), (16, 1024, 8, 1, False), (32, 512, 8, 1, False),
+        (8, 2048, 8, 1, False), (4, 1024, 4, 1, False), (8, 1024, 4, 4, False),
+        (8, 512, 4, 8, False), (16, 512, 4, 8, False), (4, 4096, 4, 1, True),
+        (8, 4096, 4, 1, True), (2, 4096, 4, 1, True), (4, 4096, 8, 1, True),
+        (4, 2048, 4, 1, True), (2, 2048, 2, 1, True),
     ]
 ]  # fmt: skip
 # Grouped int8 tiles are one group wide: the rows carry the bytes in flight.
@@ -63,10 +65,18 @@ _INT8_DOT_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
     for bn, bk, w, st in [(16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3)]
 ]  # fmt: skip
-_DOT_CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=3)
-    for bn, bk in [(64, 256), (64, 512), (32, 256), (32, 512)]
-]
+_FP8_DOT_CONFIGS = [
+    triton.Config(
+        {"BLOCK_N": bn, "BLOCK_K": bk, "SWAP": swap, "SPLIT_K": split},
+        num_warps=w, num_stages=st,
+    )
+    for bn, bk, swap, w, st, split in [
+        (64, 256, False, 4, 3, 1), (64, 512, False, 4, 3, 1), (32, 256, False, 4, 3, 1),
+        (32, 512, False, 4, 3, 1), (32, 256, False, 4, 4, 2), (32, 512, False, 4, 3, 4),
+        (64, 256, False, 4, 4, 4), (16, 512, False, 4, 4, 4), (64, 256, True, 4, 3, 1),
+        (64, 256, True, 4, 4, 4), (128, 256, True, 4, 3, 1),
+    ]
+]  # fmt: skip
 
 
 @triton.jit
@@ -82,14 +92,19 @@ def _store_row(out, b_ptr, out_row_ptr, rows, rows64, N, HAS_BIAS: tl.constexpr)
 def _rowwise_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, N, stride_xm, stride_wn,
     stride_om, K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    STEP_SUMS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row;
     or bf16/fp16 weights as they are, without scales (dense_matmul).
 
     Rows past N are clamped to the last row (read, never stored) so weight loads need no
     mask when BLOCK_K divides K; pointers advance by BLOCK_K instead of being recomputed.
-    SPLIT_K programs share a tile's inputs, as in _int4_dot_kernel (see _sum_splits)."""
+    SPLIT_K programs share a tile's inputs, as in _int4_dot_kernel (see _sum_splits).
+    STEP_SUMS sums each tile's products along K at once, keeping a float32 per row rather
+    than one per tile value: a tile may then be as wide as K, so that each thread's loads
+    of a whole row slice are in flight together (a GEMV of a small matrix waits on memory
+    latency, not bandwidth, when each thread has only a load or two out)."""
     let_next_start(PDL)
     wait_for_inputs(PDL)
     m = tl.program_id(1).to(tl.int64)
@@ -101,7 +116,7 @@ def _rowwise_kernel(
     ks = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows64[:, None] * stride_wn + first + ks[None, :]
     x_ptrs = x_ptr + m * stride_xm + first + ks
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc = tl.zeros([BLOCK_N, 1 if STEP_SUMS else BLOCK_K], tl.float32)
     for k0 in range(first, tl.minimum(first + K_SPLIT, K), BLOCK_K):
         if K % BLOCK_K == 0:
             x = tl.load(x_ptrs).to(tl.float32)
@@ -110,7 +125,8 @@ def _rowwise_kernel(
             kmask = k0 + ks < K
             x = tl.load(x_ptrs, mask=kmask, other=0.0).to(tl.float32)
             w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+        products = w.to(tl.float32) * x[None, :]
+        acc += tl.sum(products, axis=1, keep_dims=True) if STEP_SUMS else products
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
@@ -345,23 +361,30 @@ def _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS
 
 @triton.jit
 def _fp8_dot_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_om,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, M, N, stride_xm, stride_wn,
+    stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, SWAP: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """out[:M, rows] = (x @ q[rows].T) * scale[rows] on tensor cores, in fp16: e4m3 values
     are exact in fp16, x rounds to it (clamped to its range; three more mantissa bits than
-    bf16), and products accumulate in float32. Input rows past M are zeros."""
+    bf16), and products accumulate in float32. Input rows past M are zeros. SWAP and
+    SPLIT_K as in _int4_dot_kernel: the weights on the left of the product, read by the
+    tensor cores from registers; programs that share a tile's inputs (see _sum_splits)."""
     let_next_start(PDL)
     wait_for_inputs(PDL)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
     ms = tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rows64[:, None] * stride_wn + ks[None, :]
-    x_ptrs = x_ptr + ms[:, None] * stride_xm + ks[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    K_SPLIT: tl.constexpr = (K + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K) * BLOCK_K
+    first = split * K_SPLIT
+    w_ptrs = w_ptr + rows64[:, None] * stride_wn + first + ks[None, :]
+    x_ptrs = x_ptr + ms[:, None] * stride_xm + first + ks[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(first, tl.minimum(first + K_SPLIT, K), BLOCK_K):
         if K % BLOCK_K == 0:
             w = tl.load(w_ptrs)
             x = tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0)
@@ -370,11 +393,21 @@ def _fp8_dot_kernel(
             w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
             x = tl.load(x_ptrs, mask=(ms < M)[:, None] & kmask[None, :], other=0.0)
         x16 = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)  # fp16's range
-        acc = tl.dot(x16, tl.trans(w.to(tl.float16)), acc)
+        w16 = w.to(tl.float16)
+        acc = tl.dot(w16, tl.trans(x16), acc) if SWAP else tl.dot(x16, tl.trans(w16), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    acc *= tl.load(s_ptr + rows64).to(tl.float32)[None, :]
-    _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
+    if SWAP:
+        acc = tl.trans(acc)
+    last = True
+    if SPLIT_K > 1:
+        elems = ms[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        acc, last = _sum_splits(
+            acc, elems, partial_ptr, arrived_ptr, tile, split, BLOCK_M * BLOCK_N, SPLIT_K
+        )
+    if last:
+        acc *= tl.load(s_ptr + rows64).to(tl.float32)[None, :]
+        _store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
 
 
 def _tuned_per_rows(kernel, configs: list[triton.Config], **options) -> Callable[[int], Any]:
@@ -407,7 +440,10 @@ _int4_dot_tuned = _tuned_per_rows(
     prune_configs_by={"early_config_prune": _split_fits},
 )  # fmt: skip
 _int8_dot_tuned = _tuned_per_rows(_int8_dot_kernel, _INT8_DOT_CONFIGS, key=["N", "K", "GROUP"])
-_fp8_dot_tuned = _tuned_per_rows(_fp8_dot_kernel, _DOT_CONFIGS, key=["N", "K"])
+_fp8_dot_tuned = _tuned_per_rows(
+    _fp8_dot_kernel, _FP8_DOT_CONFIGS, key=["N", "K"],
+    prune_configs_by={"early_config_prune": _split_fits},
+)  # fmt: skip
 
 
 def _per_row_grid(n: int, rows: int) -> Callable[[dict], tuple[int, int, int]]:
@@ -525,15 +561,15 @@ def fp8_matmul(
 ) -> torch.Tensor:
     n, k = q.shape
     rows = x.shape[0]
-    if rows <= GEMV_MAX_ROWS and n < DOT_MIN_OUT:
+    if rows <= GEMV_MAX_ROWS:
         return _gemv(x, q, scales, bias)
     if rows <= DOT_MAX_ROWS:
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _fp8_dot_tuned(rows)[_dot_grid(n)](
-            x, q, scales, _optional_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
-            out.stride(0), K=k, HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
-            **launch_options(x.device),
+            x, q, scales, _optional_arg(x, bias), out, *split_buffers(x.device), rows, n,
+            x.stride(0), q.stride(0), out.stride(0), K=k, HAS_BIAS=bias is not None,
+            BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
         )  # fmt: skip
         return out
     return F.linear(x, q.to(x.dtype) * scales.to(x.dtype), bias)

@@ -65,7 +65,7 @@ needs_fp8 = pytest.mark.skipif(torch.cuda.get_device_capability() < (8, 9), reas
 
 
 @needs_fp8
-@pytest.mark.parametrize("n,k", [*SHAPES, (20000, 896)])  # 20000 rows: the tensor-core path
+@pytest.mark.parametrize("n,k", [*SHAPES, (20000, 896)])  # 896: no BLOCK_K divides it
 @pytest.mark.parametrize("rows", [1, 2, 9, 17])
 def test_fp8_matmul_matches_its_dequantized_weight(n, k, rows):
     q, scales = formats.quantize_fp8(weight(n, k))
@@ -78,16 +78,24 @@ def test_fp8_matmul_matches_its_dequantized_weight(n, k, rows):
 def test_fp8_tensor_core_path_keeps_large_inputs_finite():
     """Its inputs round to fp16; values past fp16's range are clamped, not made infinite."""
     q, scales = formats.quantize_fp8(weight(20000, 512))
-    x = torch.randn(1, 512, device=CUDA, dtype=torch.bfloat16)
+    x = torch.randn(3, 512, device=CUDA, dtype=torch.bfloat16)  # 3 rows: tensor cores
     x[0, 7] = 1e6
     assert torch.isfinite(Fp8Linear(q, scales, None)(x)).all()
 
 
+def matches_and_repeats(run, x: torch.Tensor, reference_w: torch.Tensor, bias: torch.Tensor):
+    """A kernel call `run()` gives x @ reference_w.T + bias within TOLERANCE, and the same
+    bits on a second call (split-K arrival counts are back at zero, and partial sums are
+    added in a fixed order)."""
+    first, second = run(), run()
+    expected = x.float() @ reference_w.T + bias.float()
+    assert float((first.float() - expected).norm() / expected.norm()) < TOLERANCE
+    assert torch.equal(first, second)
+
+
 @pytest.mark.parametrize("config", tm._INT4_DOT_CONFIGS, ids=str)
 def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
-    """Each configuration the autotuner may pick, split-K ones included: the same result as
-    the dequantized weight, and the same bits on a second call (the split-K arrival counts
-    are back at zero, and partial sums are added in a fixed order)."""
+    """Each configuration the autotuner may pick, split-K ones included."""
     n, k, rows = 3000, 896, 3  # 7 groups of 128: splits of unequal size, a partial step
     q, scales, mins = formats.quantize_int4(weight(n, k), 128)
     module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
@@ -105,10 +113,29 @@ def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
         )  # fmt: skip
         return out
 
-    first, second = run(), run()
-    expected = x.float() @ formats.dequantize_int4(q, scales, mins).T + module.bias.float()
-    assert float((first.float() - expected).norm() / expected.norm()) < TOLERANCE
-    assert torch.equal(first, second)
+    matches_and_repeats(run, x, formats.dequantize_int4(q, scales, mins), module.bias)
+
+
+@needs_fp8
+@pytest.mark.parametrize("config", tm._FP8_DOT_CONFIGS, ids=str)
+def test_every_fp8_tile_configuration_matches_and_repeats_bit_for_bit(config):
+    """Each configuration the autotuner may pick, split-K ones included."""
+    n, k, rows = 3000, 3000, 1  # K a multiple of no BLOCK_K: partial steps, unequal splits
+    q, scales = formats.quantize_fp8(weight(n, k))
+    bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+
+    def run() -> torch.Tensor:
+        out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
+        meta = dict(config.kwargs)
+        tm._fp8_dot_kernel[(triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](
+            x, q, scales, bias, out, *tm.split_buffers(x.device), rows, n, x.stride(0),
+            q.stride(0), out.stride(0), K=k, HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta,
+            num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(CUDA),
+        )  # fmt: skip
+        return out
+
+    matches_and_repeats(run, x, formats.dequantize_fp8(q, scales), bias)
 
 
 @pytest.mark.parametrize("n,k", [*SHAPES, (3000, 896)])
@@ -154,7 +181,4 @@ def test_every_gemv_tile_configuration_matches_and_repeats_bit_for_bit(config, f
         )  # fmt: skip
         return out
 
-    first, second = run(), run()
-    expected = x.float() @ dequantize(q, scales).T + bias.float()
-    assert float((first.float() - expected).norm() / expected.norm()) < TOLERANCE
-    assert torch.equal(first, second)
+    matches_and_repeats(run, x, dequantize(q, scales), bias)
