@@ -47,6 +47,9 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         # (rows are rounded to 3 places: a ratio just past 1.5 reads 1.5)
         assert list(over) == sorted(over) and all(o["ratio"] >= 1.5 for o in over.values())
         assert {g["step"] for g in r["worst_gaps"] if g["ratio"] > 1.5} <= set(over)
+        # Gaps where others took little CPU time are a subset of all gaps.
+        assert 0.0 <= r["quiet_worst_ratio"] <= r["worst_ratio"]
+        assert r["quiet_steps_past_target"] <= len(r["over_target"])
         alone = r["alone_worst_gaps"]
         assert len(alone) == 3 and alone[0]["ratio"] == r["alone_worst_ratio"]
         assert all(g["prefill_tokens"] == 0 for g in alone)  # the streams alone
