@@ -456,9 +456,11 @@ class EngineCore:
 
     def _count_computed(self, item: ScheduledSeq) -> None:
         """The item's tokens have been through every layer: they count as computed, full
-        blocks are cached, and siblings waiting for the prompt fork from it."""
+        blocks are cached, and siblings waiting for the prompt fork from it. Tokens split
+        off a staged chunk that waited for them go on from where they stopped."""
         item.counted = True
-        item.seq.staged = None
+        staged = item.seq.staged
+        item.seq.staged = staged.rest if staged is not None else None
         forks_now = item.samples and item.seq.pending_forks
         before = item.seq.num_computed
         item.seq.num_computed += item.num_new - len(item.draft)

@@ -11,6 +11,10 @@ What a joined layer adds is its time less that of a layer of the decodes alone, 
 same passes measure: the layers before and after the chunk's run the decodes alone. Where
 the layers before it already ran late (a busy core, say), the chunk's slack shrinks by as
 much: the step is late anyway, and its layers would add to it.
+
+A chunk whose single layer took more than its slack would take as much in each of its
+later steps, since a chunk keeps its size: it is split there (`tokens_to_keep`), and its
+first tokens go on alone.
 """
 
 from __future__ import annotations
@@ -40,3 +44,14 @@ class LayerClock:
             return False
         added = seconds - layers_done * self.decode_layer_s
         return added * (layers_done + 1) / layers_done > slack_s
+
+    def tokens_to_keep(self, num_tokens: int, seconds: float, slack_s: float) -> int:
+        """Of a chunk of `num_tokens` whose first layer joined to the decodes took
+        `seconds`: the tokens to go on with, so that a layer of them adds about `slack_s`
+        (its cost taken as proportional to its tokens); all of them where it fit."""
+        if self.decode_layer_s is None:
+            return num_tokens
+        added = seconds - self.decode_layer_s
+        if added <= slack_s:
+            return num_tokens
+        return max(1, int(num_tokens * max(slack_s, 0.0) / added))

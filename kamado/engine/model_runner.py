@@ -232,14 +232,17 @@ class ModelRunner:
             [*chunks, staged_chunk], max(max(positions), staged_chunk.context_len - 1) + 1
         )
         state, late_s = self._run_decodes(self.forward.embed(ids_t), pos, ctx, range(layers.start))
-        both = self._run_joined(
+        both, keep = self._run_joined(
             join_states(state, staged), torch.cat([pos, staged_pos]), both_ctx, joining, late_s
         )
         state, staged = split_state(both, len(positions))
         state, _ = self._run_decodes(
             state, pos, ctx, range(joining.layers.stop, self.forward.num_layers)
         )
-        return self.forward.final_norm(state), self._staged_output(joining, staged)
+        joined = self._staged_output(joining, staged)
+        if keep < joining.num_new:
+            joining.seq.staged.split(keep)  # type: ignore[union-attr]
+        return self.forward.final_norm(state), joined
 
     def _run_decodes(
         self, state: LayerState, positions: torch.Tensor, ctx: StepContext, layers: range
@@ -259,24 +262,32 @@ class ModelRunner:
         ctx: StepContext,
         item: ScheduledSeq,
         late_s: float,
-    ) -> LayerState:
+    ) -> tuple[LayerState, int]:
         """A staged chunk's layers joined to the decodes: all of `item.layers`, or where
         the clock measures them, those that fit its slack less what the step already ran
-        late (`late_s`). The item then holds the layers that ran."""
+        late (`late_s`). The item then holds the layers that ran. Also returns how many of
+        its tokens go on (all, unless its first layer alone took more than the slack and
+        layers are left: the chunk is then split, LayerClock.tokens_to_keep)."""
         layers = item.layers
         assert layers is not None
         if self.clock is None or item.slack_s is None:
-            return self.forward.run_layers(state, positions, ctx, layers)
+            return self.forward.run_layers(state, positions, ctx, layers), item.num_new
         started = time.perf_counter()
+        slack_s = item.slack_s - late_s
+        keep = item.num_new
         for done, layer in enumerate(layers, 1):
             state = self.forward.run_layers(state, positions, ctx, range(layer, layer + 1))
             seconds = time.perf_counter() - started
-            if layer + 1 < layers.stop and self.clock.stop_after(
-                done, seconds, item.slack_s - late_s
+            if done == 1 and layer + 1 < self.forward.num_layers:
+                # Sized for the chunk's later steps, which this one's lateness says
+                # nothing about: by the whole slack.
+                keep = self.clock.tokens_to_keep(item.num_new, seconds, item.slack_s)
+            if layer + 1 < layers.stop and (
+                keep < item.num_new or self.clock.stop_after(done, seconds, slack_s)
             ):
                 item.layers, item.completes = range(layers.start, layer + 1), False
                 break
-        return state
+        return state, keep
 
     def _graph_fits(self, positions: list[int], chunks: list[SeqChunk]) -> bool:
         """A CUDA graph can run the batch: a token each, and a captured size fits."""

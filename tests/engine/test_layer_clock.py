@@ -25,3 +25,13 @@ def test_a_chunk_stops_before_the_layer_that_would_pass_the_slack():
     assert clock.stop_after(2, 0.050, 0.040)
     # Joined layers no slower than the decodes alone never stop.
     assert not clock.stop_after(3, 0.030, 0.0)
+
+
+def test_a_chunk_whose_first_layer_passed_the_slack_keeps_the_tokens_that_fit():
+    clock = LayerClock()
+    assert clock.tokens_to_keep(40, 10.0, 0.001) == 40  # no decode-only layer timed yet
+    clock.decodes_ran(1, 0.010)
+    # Its first joined layer took 110 ms: 100 ms added by 40 tokens, 25 ms of slack.
+    assert clock.tokens_to_keep(40, 0.110, 0.025) == 10
+    assert clock.tokens_to_keep(40, 0.030, 0.025) == 40  # 20 ms added: it fit
+    assert clock.tokens_to_keep(40, 0.110, 0.0) == 1  # never none

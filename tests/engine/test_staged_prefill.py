@@ -209,10 +209,14 @@ def test_long_prompts_sharing_a_prefix_compute_it_once_beside_decodes(four_layer
 
 
 class StopAfterOneLayer(LayerClock):
-    """A clock that finds the slack used by every chunk's first layer in a step."""
+    """A clock that finds the slack used, not passed, by every chunk's first layer in a
+    step: no chunk is split."""
 
     def stop_after(self, layers_done: int, seconds: float, slack_s: float) -> bool:
         return True
+
+    def tokens_to_keep(self, num_tokens: int, seconds: float, slack_s: float) -> int:
+        return num_tokens
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -230,6 +234,36 @@ def test_a_chunk_the_clock_stops_early_gives_the_same_tokens(four_layers, arch):
     # prompt's token too: it samples in the step that runs the last layer.
     staged = [t.layers for t in trace if t.decodes == 3 and t.layers > 0]
     assert set(staged) == {1} and len(staged) == NUM_LAYERS * -(-150 // 16)
+    assert engine.pool.num_used == 0
+
+
+class KeepHalf(LayerClock):
+    """A clock that finds each chunk's first layer in a step took twice its slack."""
+
+    def tokens_to_keep(self, num_tokens: int, seconds: float, slack_s: float) -> int:
+        return max(1, num_tokens // 2)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_a_chunk_split_where_its_layer_overran_gives_the_same_tokens(four_layers, arch):
+    path = four_layers[arch]
+    # Streams that outlast the long prompt, split ever smaller as it is.
+    streams = {f"stream{i}": (prompt(i, 5 + i), greedy(600)) for i in range(3)}
+    arrivals = {0: streams, 3: dict([LONG_PROMPT])}
+    expected, _ = drive(whole(path), arrivals)
+    engine = paced(path, 16, 3)
+    engine.runner.clock = KeepHalf()
+    got, trace = drive(engine, arrivals)
+    assert got == expected
+    # A chunk of 16 runs its first layer whole, then goes on with 8; those 8 split again
+    # at the next step's first layer, and so on (a last layer is never split: 2 tokens
+    # finish the chunk's 4 layers); then the tokens split off go on, each from its layer.
+    beside = [(t.prompt_tokens, t.layers) for t in trace if t.decodes == 3 and t.layers]
+    assert beside[:5] == [(16, 1), (8, 1), (4, 1), (2, 1), (2, 1)]
+    # Every prompt token through every layer once, staged; but for the last, which once
+    # it is the only token left the next step computes whole (as a decode's input).
+    staged = sum(tokens * layers for tokens, layers in beside)
+    assert 149 * NUM_LAYERS <= staged <= 150 * NUM_LAYERS
     assert engine.pool.num_used == 0
 
 
