@@ -19,6 +19,8 @@ first tokens go on alone.
 
 from __future__ import annotations
 
+from kamado.engine.pacer import chunk_sizes
+
 
 class LayerClock:
     EMA = 0.3  # decode-only layers vary step to step; a few steps' average
@@ -48,10 +50,11 @@ class LayerClock:
     def tokens_to_keep(self, num_tokens: int, seconds: float, slack_s: float) -> int:
         """Of a chunk of `num_tokens` whose first layer joined to the decodes took
         `seconds`: the tokens to go on with, so that a layer of them adds about `slack_s`
-        (its cost taken as proportional to its tokens); all of them where it fit."""
+        (its cost taken as proportional to its tokens), down to a chunk size (chunk_sizes:
+        few shapes); all of them where it fit."""
         if self.decode_layer_s is None:
             return num_tokens
         added = seconds - self.decode_layer_s
         if added <= slack_s:
             return num_tokens
-        return max(1, int(num_tokens * max(slack_s, 0.0) / added))
+        return chunk_sizes(max(1, int(num_tokens * max(slack_s, 0.0) / added)))[-1]

@@ -31,7 +31,9 @@ def test_a_chunk_whose_first_layer_passed_the_slack_keeps_the_tokens_that_fit():
     clock = LayerClock()
     assert clock.tokens_to_keep(40, 10.0, 0.001) == 40  # no decode-only layer timed yet
     clock.decodes_ran(1, 0.010)
-    # Its first joined layer took 110 ms: 100 ms added by 40 tokens, 25 ms of slack.
-    assert clock.tokens_to_keep(40, 0.110, 0.025) == 10
+    # Its first joined layer took 110 ms: 100 ms added by 40 tokens, 25 ms of slack:
+    # 10 tokens fit, and the chunk size below that is 8.
+    assert clock.tokens_to_keep(40, 0.110, 0.025) == 8
+    assert clock.tokens_to_keep(48, 0.110, 0.025) == 12
     assert clock.tokens_to_keep(40, 0.030, 0.025) == 40  # 20 ms added: it fit
     assert clock.tokens_to_keep(40, 0.110, 0.0) == 1  # never none
