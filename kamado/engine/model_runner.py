@@ -241,7 +241,8 @@ class ModelRunner:
         )
         joined = self._staged_output(joining, staged)
         if keep < joining.num_new:
-            joining.seq.staged.split(keep)  # type: ignore[union-attr]
+            assert joining.seq.staged is not None
+            joining.seq.staged.split(keep)
         return self.forward.final_norm(state), joined
 
     def _run_decodes(
