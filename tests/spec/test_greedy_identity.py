@@ -24,8 +24,10 @@ def repetitive_requests() -> dict:
 
 def speculating(path, **options):
     """An engine whose draft lengths do not follow this machine's step timings (the
-    priors stay), so its schedule, preemptions included, is the same on every run."""
-    engine = make_engine(path, **options)
+    priors stay), nor its prefill beside decodes (unpaced: the pacer sizes chunks by
+    measured steps), so its schedule, preemptions included, is the same on every run.
+    A CI run on a machine losing CPU to other guests once got no preemption without it."""
+    engine = make_engine(path, decode_stall_factor=float("inf"), **options)
     engine.speculator.controller.cost.observe = lambda *args: None
     return engine
 
