@@ -32,9 +32,6 @@ CONFIGS = [
 ]  # fmt: skip
 
 
-PDL = (True,) if "--pdl-only" in sys.argv else (False, True)
-
-
 def tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
     """Weight bytes read per second by the kernel in one configuration, rotated over copies,
     each call launched with programmatic dependent launch (kamado.pdl) or without."""
@@ -67,11 +64,14 @@ def unquantized(w: torch.Tensor) -> tuple[torch.Tensor, None]:
 
 
 def main() -> None:
-    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    args = sys.argv[1:]
+    pdl_modes = (True,) if "--pdl-only" in args else (False, True)
+    args = [a for a in args if a != "--pdl-only"]
+    rows = int(args[0]) if args else 1
     formats_swept = {
         "fp8": formats.quantize_fp8, "int8": formats.quantize_int8, "bf16": unquantized,
     }  # fmt: skip
-    for name in [a for a in sys.argv[2:] if a != "--pdl-only"] or formats_swept:
+    for name in args[1:] or formats_swept:
         quantize = formats_swept[name]
         scaled = "" if name == "bf16" else ", a scale per row"
         print(f"{name}{scaled}, input rows {rows}: TB/s of weight bytes per config")
@@ -86,7 +86,7 @@ def main() -> None:
         if name == "bf16":
             cublas = [cublas_tb_per_s(copies[n, k], x[k]) for n, k in SHAPES]
             print(f"{'cuBLAS':>32s} | " + " ".join(f"{c / 1e12:11.2f}" for c in cublas))
-        for config, pdl in itertools.product(CONFIGS, PDL):
+        for config, pdl in itertools.product(CONFIGS, pdl_modes):
             cells = []
             for n, k in SHAPES:
                 try:

@@ -219,17 +219,26 @@ class StopAfterOneLayer(LayerClock):
         return num_tokens
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_a_chunk_the_clock_stops_early_gives_the_same_tokens(four_layers, arch):
-    path = four_layers[arch]
-    # Streams that outlast the long prompt, so that all of it goes beside them.
-    streams = {f"stream{i}": (prompt(i, 5 + i), greedy(100)) for i in range(3)}
+def clocked_beside_streams(
+    path: str, clock: LayerClock, stream_tokens: int
+) -> tuple[EngineCore, list[Step]]:
+    """The long prompt paced in chunks of 16 (3 layers planned a step) beside three
+    streams of `stream_tokens` each, which outlast it so that all of it goes beside them,
+    with `clock` timing its layers. Asserts the tokens are those of whole chunks; returns
+    the engine and what each step ran."""
+    streams = {f"stream{i}": (prompt(i, 5 + i), greedy(stream_tokens)) for i in range(3)}
     arrivals = {0: streams, 3: dict([LONG_PROMPT])}
     expected, _ = drive(whole(path), arrivals)
     engine = paced(path, 16, 3)
-    engine.runner.clock = StopAfterOneLayer()
+    engine.runner.clock = clock
     got, trace = drive(engine, arrivals)
     assert got == expected
+    return engine, trace
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_a_chunk_the_clock_stops_early_gives_the_same_tokens(four_layers, arch):
+    engine, trace = clocked_beside_streams(four_layers[arch], StopAfterOneLayer(), 100)
     # Planned 3 layers of 4, each step stops after one, the one that would sample the
     # prompt's token too: it samples in the step that runs the last layer.
     staged = [t.layers for t in trace if t.decodes == 3 and t.layers > 0]
@@ -246,15 +255,8 @@ class KeepHalf(LayerClock):
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_a_chunk_split_where_its_layer_overran_gives_the_same_tokens(four_layers, arch):
-    path = four_layers[arch]
-    # Streams that outlast the long prompt, split ever smaller as it is.
-    streams = {f"stream{i}": (prompt(i, 5 + i), greedy(600)) for i in range(3)}
-    arrivals = {0: streams, 3: dict([LONG_PROMPT])}
-    expected, _ = drive(whole(path), arrivals)
-    engine = paced(path, 16, 3)
-    engine.runner.clock = KeepHalf()
-    got, trace = drive(engine, arrivals)
-    assert got == expected
+    # Longer streams: the prompt takes more steps as it is split ever smaller.
+    engine, trace = clocked_beside_streams(four_layers[arch], KeepHalf(), 600)
     # A chunk of 16 runs its first layer whole, then goes on with 8; those 8 split again
     # at the next step's first layer, and so on (a last layer is never split: 2 tokens
     # finish the chunk's 4 layers); then the tokens split off go on, each from its layer.
