@@ -80,6 +80,7 @@ class Fairness:
     # past TARGET_RATIO were quiet: on a shared virtual machine, steal makes the worst gap.
     quiet_worst_ratio: float
     quiet_steps_past_target: int
+    staged_splits: int  # staged chunks split where a layer overran, during the prompt
     # Every step beside the prompt whose worst gap passed TARGET_RATIO, in step order, as
     # rows of the columns below (fewer keys: a run may have hundreds).
     over_target_columns: list[str]
@@ -192,6 +193,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
     engine.add_request("long", long_prompt, SamplingParams(temperature=0.0, max_tokens=1))
     start, started = streams.count, time.perf_counter()
     computed_before, reported = engine.stats.prompt_tokens_total, started
+    splits_before = engine.snapshot().staged_splits
     while "long" not in streams.step():
         if (now := time.perf_counter()) - reported >= PROGRESS_SECONDS:
             # A long paced prefill runs for many minutes: show where it is.
@@ -203,6 +205,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
                 flush=True,
             )
     prefill_seconds = time.perf_counter() - started
+    staged_splits = engine.snapshot().staged_splits - splits_before
     # The gaps beside the prompt are made after the streams' last steps alone: tens of
     # thousands of them took 60 ms, which lay in the first gap after the prompt.
     end = streams.count
@@ -256,6 +259,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         quiet_steps_past_target=len(
             _worst_steps([(r, g) for r, g in quiet if r > TARGET_RATIO], limit=None)
         ),
+        staged_splits=staged_splits,
         over_target_columns=list(OVER_TARGET_COLUMNS),
         over_target=_over_target(ranked),
     )
@@ -339,7 +343,8 @@ def run_fairness(
             f"median {r.median_ratio:.2f}x, {len(r.over_target)} steps past "
             f"{TARGET_RATIO}x; prefill took {r.prefill_seconds:.1f} s; in gaps where others "
             f"took under {QUIET_SHARE:.0%} of a normal gap's CPU time, worst "
-            f"{r.quiet_worst_ratio:.2f}x, {r.quiet_steps_past_target} steps past {TARGET_RATIO}x",
+            f"{r.quiet_worst_ratio:.2f}x, {r.quiet_steps_past_target} steps past {TARGET_RATIO}x; "
+            f"{r.staged_splits} staged chunks split",
             flush=True,
         )
         for g in r.worst_gaps[:3]:

@@ -51,6 +51,7 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions: int = 0
+    staged_splits: int = 0  # staged chunks split where a layer overran (CPU pacing)
     steps: int = 0
     last_step_seconds: float = 0.0  # the forward pass: from its launch to its tokens read
     # The host's part of the last step around it: scheduling and launching before it (0
@@ -533,6 +534,7 @@ class EngineCore:
         s.num_running = len(self.scheduler.running)
         s.kv_blocks_used = self.pool.num_used
         s.num_preemptions = self.scheduler.num_preemptions
+        s.staged_splits = self.runner.num_staged_splits
         p = self.prefix.stats
         s.prefix_queried_tokens = p.queried_tokens
         s.prefix_device_hit_tokens = p.device_hit_tokens

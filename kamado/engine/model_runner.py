@@ -63,6 +63,7 @@ class ModelRunner:
         self.sampler = Sampler(engine_config.seed)
         # A CPU computes as the host calls it, so the host's clock can time its layers.
         self.clock = LayerClock() if self.device.type == "cpu" else None
+        self.num_staged_splits = 0  # staged chunks split where a layer overran the slack
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda":
             self._compile_attention_kernels(model_config, dtype)
@@ -243,6 +244,7 @@ class ModelRunner:
         if keep < joining.num_new:
             assert joining.seq.staged is not None
             joining.seq.staged.split(keep)
+            self.num_staged_splits += 1
         return self.forward.final_norm(state), joined
 
     def _run_decodes(

@@ -29,6 +29,7 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
     for r in (paced, unpaced):
         assert r["num_gaps"] > 0 and r["worst_ratio"] >= r["p99_ratio"] >= r["median_ratio"] > 0
         assert r["context_after"] > r["context_before"]  # the streams kept decoding throughout
+        assert r["staged_splits"] >= 0
         worst = r["worst_gaps"][0]  # the worst gap, with the step that ended it
         assert worst["ratio"] == r["worst_ratio"] and worst["step_ms"] > 0
         for g in r["worst_gaps"] + r["alone_worst_gaps"]:

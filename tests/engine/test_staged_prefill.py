@@ -243,6 +243,7 @@ def test_a_chunk_the_clock_stops_early_gives_the_same_tokens(four_layers, arch):
     # prompt's token too: it samples in the step that runs the last layer.
     staged = [t.layers for t in trace if t.decodes == 3 and t.layers > 0]
     assert set(staged) == {1} and len(staged) == NUM_LAYERS * -(-150 // 16)
+    assert engine.snapshot().staged_splits == 0
     assert engine.pool.num_used == 0
 
 
@@ -262,6 +263,7 @@ def test_a_chunk_split_where_its_layer_overran_gives_the_same_tokens(four_layers
     # finish the chunk's 4 layers); then the tokens split off go on, each from its layer.
     beside = [(t.prompt_tokens, t.layers) for t in trace if t.decodes == 3 and t.layers]
     assert beside[:5] == [(16, 1), (8, 1), (4, 1), (2, 1), (2, 1)]
+    assert engine.snapshot().staged_splits >= 3  # 16 to 8, 8 to 4, 4 to 2 above
     # Every prompt token through every layer once, staged; but for the last, which once
     # it is the only token left the next step computes whole (as a decode's input).
     staged = sum(tokens * layers for tokens, layers in beside)
