@@ -1,8 +1,9 @@
 """Bytes per second of the CUDA int8/fp8 GEMV (triton_matmul._rowwise_kernel, a scale per
-row) for each tile configuration, at Qwen3-8B's projection shapes: what the autotuner
-chooses among, so the list it gets can be the configurations that win somewhere. bf16
-weights (no scales: triton_matmul.dense_matmul) run beside cuBLAS, whose figure for the
-shape is printed first. The last shape is the output head.
+row) and of the int4 GEMV (_int4_gemv_kernel, group 128) for each tile configuration, at
+Qwen3-8B's projection shapes: what the autotuner chooses among, so the list it gets can be
+the configurations that win somewhere. bf16 weights (no scales:
+triton_matmul.dense_matmul) run beside cuBLAS, whose figure for the shape is printed
+first. The last shape is the output head.
 
     python scripts/gemv_sweep.py [ROWS [FORMAT ...]] [--pdl-only]
 """
@@ -14,6 +15,7 @@ import sys
 
 import torch
 import triton
+from dot_sweep import int4_weights
 from gemv_bandwidth import ROTATED_BYTES, graph_ms
 
 from kamado.pdl import launch_options
@@ -30,9 +32,14 @@ CONFIGS = [
     (2, 2048, 2, 1, True), (4, 2048, 4, 2, True), (8, 2048, 4, 2, True),
     (4, 4096, 4, 2, True), (8, 1024, 4, 1, True), (4, 1024, 4, 4, True),
 ]  # fmt: skip
+# int4: (BLOCK_N, GROUPS_PER_STEP, num_warps)
+INT4_CONFIGS = [
+    (4, 32, 4), (8, 16, 4), (8, 16, 8), (4, 8, 2), (8, 8, 4), (16, 8, 4), (16, 8, 8),
+    (32, 8, 8), (16, 4, 4), (32, 4, 4), (32, 4, 8), (64, 4, 8), (32, 2, 4), (64, 2, 8),
+]  # fmt: skip
 
 
-def tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
+def rowwise_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
     """Weight bytes read per second by the kernel in one configuration, rotated over copies,
     each call launched with programmatic dependent launch (kamado.pdl) or without."""
     bn, bk, warps, split, sums = config
@@ -54,6 +61,24 @@ def tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) ->
     return copies[0][0].nbytes / (ms / 1e3)
 
 
+def int4_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
+    """As rowwise_tb_per_s, for the int4 GEMV; its bytes count the scales and minimums."""
+    bn, groups, warps = config
+    options = launch_options(x.device) if pdl else {"PDL": False}
+    n, rows = copies[0][0].shape[0], x.shape[0]
+    out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+
+    def call(words: torch.Tensor, scale_mins: torch.Tensor) -> None:
+        tm._int4_gemv_kernel[(triton.cdiv(n, bn), rows)](
+            x, words, scale_mins, x, out, n, x.stride(0), words.stride(0),
+            scale_mins.stride(0), out.stride(0), K=k, GROUP=128, HAS_BIAS=False, BLOCK_N=bn,
+            GROUPS_PER_STEP=groups, num_warps=warps, **options,
+        )  # fmt: skip
+
+    ms = graph_ms([lambda w=w: call(*w) for w in copies])
+    return sum(t.nbytes for t in copies[0]) / (ms / 1e3)
+
+
 def cublas_tb_per_s(copies: list, x: torch.Tensor) -> float:
     ms = graph_ms([lambda w=w: x @ w[0].T for w in copies])
     return copies[0][0].nbytes / (ms / 1e3)
@@ -68,25 +93,34 @@ def main() -> None:
     pdl_modes = (True,) if "--pdl-only" in args else (False, True)
     args = [a for a in args if a != "--pdl-only"]
     rows = int(args[0]) if args else 1
-    formats_swept = {
-        "fp8": formats.quantize_fp8, "int8": formats.quantize_int8, "bf16": unquantized,
-    }  # fmt: skip
-    for name in args[1:] or formats_swept:
-        quantize = formats_swept[name]
-        scaled = "" if name == "bf16" else ", a scale per row"
-        print(f"{name}{scaled}, input rows {rows}: TB/s of weight bytes per config")
+    swept = {  # format: (its tensors from a bf16 weight, the sweep's timing, its configs)
+        "fp8": (formats.quantize_fp8, rowwise_tb_per_s, CONFIGS),
+        "int8": (formats.quantize_int8, rowwise_tb_per_s, CONFIGS),
+        "bf16": (unquantized, rowwise_tb_per_s, CONFIGS),
+        "int4": (int4_weights, int4_tb_per_s, INT4_CONFIGS),
+    }
+    for name in args[1:] or swept:
+        quantize, tb_per_s, configs = swept[name]
+        print(f"{name}, input rows {rows}: TB/s of weight bytes per config")
         shapes = " ".join(f"{n:>5d}x{k:<5d}" for n, k in SHAPES)
-        print(f"  (BLOCK_N, BLOCK_K, warps, split, sums) | {shapes}")
+        columns = (
+            "(BLOCK_N, GROUPS_PER_STEP, warps)"
+            if name == "int4"
+            else "(BLOCK_N, BLOCK_K, warps, split, sums)"
+        )
+        print(f"{columns:>38s} | {shapes}")
         copies = {}
         for n, k in SHAPES:
-            q, scales = quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
-            count = max(2, -(-ROTATED_BYTES // q.nbytes))
-            copies[n, k] = [(q.clone(), scales) for _ in range(count)]
+            tensors = quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+            count = max(2, -(-ROTATED_BYTES // tensors[0].nbytes))
+            copies[n, k] = [
+                tuple(None if t is None else t.clone() for t in tensors) for _ in range(count)
+            ]
         x = {k: torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _, k in SHAPES}
         if name == "bf16":
             cublas = [cublas_tb_per_s(copies[n, k], x[k]) for n, k in SHAPES]
-            print(f"{'cuBLAS':>32s} | " + " ".join(f"{c / 1e12:11.2f}" for c in cublas))
-        for config, pdl in itertools.product(CONFIGS, pdl_modes):
+            print(f"{'cuBLAS':>38s} | " + " ".join(f"{c / 1e12:11.2f}" for c in cublas))
+        for config, pdl in itertools.product(configs, pdl_modes):
             cells = []
             for n, k in SHAPES:
                 try:
@@ -95,7 +129,7 @@ def main() -> None:
                 except Exception as error:  # noqa: BLE001 - a config that does not build
                     cells.append(f"{type(error).__name__[:11]:>11s}")
             label = f"{config!s}{' pdl' if pdl else ''}"
-            print(f"{label:>32s} | " + " ".join(cells), flush=True)
+            print(f"{label:>38s} | " + " ".join(cells), flush=True)
         del copies
         torch.cuda.empty_cache()
 

@@ -2,9 +2,9 @@
 dequantize-then-cuBLAS for everything wider.
 
 Decode reads every weight once per token, so its matmuls are bound by the bytes they read.
-- int8 and fp8 weights at up to GEMV_MAX_ROWS input rows run a GEMV per row: it reads the
-  bytes and their scales, widens them in registers and accumulates in float32.
-- int4 weights at up to DOT_MAX_ROWS rows, and int8 and fp8 from three rows, go through
+- int8, fp8 and int4 weights at up to GEMV_MAX_ROWS input rows run a GEMV per row: it
+  reads the bytes and their scales, widens them in registers and accumulates in float32.
+- int4, int8 and fp8 weights at three to DOT_MAX_ROWS rows go through
   tensor cores: each program widens its tile in registers (int4 through bit tricks, not
   the int-to-float instruction, which Hopper issues at an eighth of the FMA rate) and
   reads it once for all input rows.
@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kamado.pdl import launch_options, let_next_start, wait_for_inputs
-from kamado.surgery.formats import unpack_int4
+from kamado.surgery.formats import WORD_ORDER, unpack_int4
 
 GEMV_MAX_ROWS = 2
 DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
@@ -59,6 +59,10 @@ _INT4_DOT_CONFIGS = [
         (32, 4, False, 4, 3, 4), (32, 2, False, 4, 3, 8), (16, 4, False, 4, 3, 8),
     ]
 ]  # fmt: skip
+_INT4_GEMV_CONFIGS = [
+    triton.Config({"BLOCK_N": bn, "GROUPS_PER_STEP": g}, num_warps=w)
+    for bn, g, w in [(8, 8, 4), (16, 4, 4), (32, 2, 4), (4, 8, 2), (32, 4, 8)]
+]
 SPLIT_MAX_OUT = 16384  # output rows up to which an int4 matmul may split its inputs
 _SPLIT_MAX = 8  # the most SPLIT_K above
 _INT8_DOT_CONFIGS = [
@@ -242,6 +246,96 @@ def _int4_weights(words, scale, low):
         dtype=tl.bfloat16, is_pure=True, pack=8,
     )  # fmt: skip
     return tl.reshape(values, [words.shape[0], words.shape[1] * 8])
+
+
+def _int4_word_dot_asm() -> str:
+    """PTX taking one word (formats.pack_int4) and its eight inputs as float32, giving
+    the sum over them of input * (128 + q). Masking the word and the word shifted by 4
+    with 0x0F0F0F0F leaves each q alone in a byte; one prmt puts that byte under
+    0x43000000 (float32's 128.0, whose low mantissa bits are zero), which then reads
+    128 + q exactly: no int-to-float conversion, which Hopper issues at an eighth of the
+    FMA rate. $1 is the word, $2..$9 the inputs in order; $0 the sum out."""
+    lines = ["{", ".reg .b32 lo, hi, f, magic;", "mov.b32 magic, 0x43000000;"]
+    lines += ["and.b32 lo, $1, 0x0F0F0F0F;", "shr.u32 hi, $1, 4;", "and.b32 hi, hi, 0x0F0F0F0F;"]
+    # Nibble i of the word holds input WORD_ORDER[i]; lo has the even nibbles, hi the odd.
+    for nibble, element in enumerate(WORD_ORDER):
+        source, byte = ("lo", "hi")[nibble % 2], nibble // 2
+        lines.append(f"prmt.b32 f, {source}, magic, 0x{0x7044 | byte << 8:04x};")
+        if nibble == 0:
+            lines.append(f"mul.rn.f32 $0, f, ${2 + element};")
+        else:
+            lines.append(f"fma.rn.f32 $0, f, ${2 + element}, $0;")
+    return "\n".join(["", *lines, "}", ""])
+
+
+_INT4_WORD_DOT = tl.constexpr(_int4_word_dot_asm())
+
+
+@triton.jit
+def _per_row(x, words):
+    """Inputs [groups, words] as float32 bits beside every row's words [rows, groups, words]."""
+    return tl.broadcast_to(x[None, :, :], words.shape).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _int4_gemv_kernel(
+    x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
+    K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUPS_PER_STEP: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """out[m, rows] = x[m] @ w[rows].T on CUDA cores, w = q * scale + min (int4 words,
+    scale and min per group in sm, bf16 [N, groups, 2]).
+
+    Each word's eight products go through one asm (_int4_word_dot_asm) as x * (128 + q),
+    and scale * that + (min - 128 * scale) * (the word's inputs summed) is its part of the
+    row's sum. The subtraction costs float32 about four of its 24 bits, well under the bf16
+    rounding of the output. A float32 per word of the tile accumulates across steps, and
+    only the last step sums across threads (a draft summing per group each step was
+    faster on the two narrowest of Qwen3-8B's five shapes and 11-23% slower on the other
+    three). On an H200 it reads those int4 projections
+    at 1.0-1.7 TB/s and the head at 2.0, 6-40% faster than _int4_dot_kernel at one row
+    (scripts/gemv_sweep.py 1 int4)."""
+    let_next_start(PDL)
+    m = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
+    WORDS: tl.constexpr = GROUP // 8
+    NUM_GROUPS: tl.constexpr = K // GROUP
+    gs = tl.arange(0, GROUPS_PER_STEP)
+    words_at = gs[:, None] * WORDS + tl.arange(0, WORDS)[None, :]  # [groups, words] of a step
+    w_ptrs = w_ptr + rows64[:, None, None] * stride_wn + words_at[None, :, :]
+    x_ptrs = x_ptr + m * stride_xm + 8 * words_at[:, :, None] + tl.arange(0, 8)[None, None, :]
+    sm_ptrs = sm_ptr + rows64[:, None] * stride_sn + 2 * gs[None, :]
+    wait_for_inputs(PDL)
+    acc = tl.zeros([BLOCK_N, GROUPS_PER_STEP, WORDS], tl.float32)
+    for g0 in range(0, NUM_GROUPS, GROUPS_PER_STEP):
+        ok = g0 + gs < NUM_GROUPS  # False only in a last, partial step
+        words = tl.load(w_ptrs, mask=ok[None, :, None], other=0)
+        x = tl.load(x_ptrs, mask=ok[:, None, None], other=0.0).to(tl.float32)
+        evens, odds = tl.split(tl.reshape(x, [GROUPS_PER_STEP, WORDS, 4, 2]))
+        x04, x26 = tl.split(tl.reshape(evens, [GROUPS_PER_STEP, WORDS, 2, 2]))
+        x15, x37 = tl.split(tl.reshape(odds, [GROUPS_PER_STEP, WORDS, 2, 2]))
+        x0, x4 = tl.split(x04)
+        x2, x6 = tl.split(x26)
+        x1, x5 = tl.split(x15)
+        x3, x7 = tl.split(x37)
+        dots = tl.inline_asm_elementwise(
+            _INT4_WORD_DOT, "=r" + ",r" * 9,
+            [words, _per_row(x0, words), _per_row(x1, words), _per_row(x2, words),
+             _per_row(x3, words), _per_row(x4, words), _per_row(x5, words),
+             _per_row(x6, words), _per_row(x7, words)],
+            dtype=tl.int32, is_pure=True, pack=1,
+        ).to(tl.float32, bitcast=True)  # fmt: skip
+        word_sums = (x0 + x1) + (x2 + x3) + ((x4 + x5) + (x6 + x7))
+        scale = tl.load(sm_ptrs, mask=ok[None, :], other=0.0).to(tl.float32)
+        low = tl.load(sm_ptrs + 1, mask=ok[None, :], other=0.0).to(tl.float32)
+        offset = low - 128.0 * scale
+        acc += scale[:, :, None] * dots + offset[:, :, None] * word_sums[None, :, :]
+        w_ptrs += GROUPS_PER_STEP * WORDS
+        x_ptrs += GROUPS_PER_STEP * GROUP
+        sm_ptrs += 2 * GROUPS_PER_STEP
+    out = tl.sum(tl.sum(acc, axis=2), axis=1)
+    _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
 @triton.jit
@@ -439,6 +533,7 @@ _int4_dot_tuned = _tuned_per_rows(
     _int4_dot_kernel, _INT4_DOT_CONFIGS, key=["N", "K", "GROUP"],
     prune_configs_by={"early_config_prune": _split_fits},
 )  # fmt: skip
+_int4_gemv_tuned = _tuned_per_rows(_int4_gemv_kernel, _INT4_GEMV_CONFIGS, key=["N", "K", "GROUP"])
 _int8_dot_tuned = _tuned_per_rows(_int8_dot_kernel, _INT8_DOT_CONFIGS, key=["N", "K", "GROUP"])
 _fp8_dot_tuned = _tuned_per_rows(
     _fp8_dot_kernel, _FP8_DOT_CONFIGS, key=["N", "K"],
@@ -540,6 +635,15 @@ def int4_matmul(
     n, groups, _ = scale_mins.shape
     k = words.shape[1] * 8
     rows = x.shape[0]
+    if rows <= GEMV_MAX_ROWS:
+        x = x.contiguous()
+        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+        _int4_gemv_tuned(rows)[_per_row_grid(n, rows)](
+            x, words, scale_mins, _optional_arg(x, bias), out, n, x.stride(0), words.stride(0),
+            scale_mins.stride(0), out.stride(0), K=k, GROUP=k // groups,
+            HAS_BIAS=bias is not None, **launch_options(x.device),
+        )  # fmt: skip
+        return out
     if rows <= DOT_MAX_ROWS:
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)

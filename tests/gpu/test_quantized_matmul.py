@@ -1,5 +1,5 @@
-"""Compressed linears on CUDA (Triton GEMVs for 1-2 rows of int8 and fp8, tensor-core
-kernels for int4 and for up to 16 input rows, dequantize + cuBLAS beyond) against x @ W.T
+"""Compressed linears on CUDA (Triton GEMVs for 1-2 rows of int8, fp8 and int4,
+tensor-core kernels for up to 16 input rows, dequantize + cuBLAS beyond) against x @ W.T
 with W dequantized from the same compressed tensors in float32; and dense_matmul (the same
 GEMV on bf16 weights) against the float32 product."""
 
@@ -110,6 +110,28 @@ def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
             rows, n, x.stride(0), module.packed.stride(0), module.scale_mins.stride(0),
             out.stride(0), K=k, GROUP=128, HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta,
             num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(CUDA),
+        )  # fmt: skip
+        return out
+
+    matches_and_repeats(run, x, formats.dequantize_int4(q, scales, mins), module.bias)
+
+
+@pytest.mark.parametrize("config", tm._INT4_GEMV_CONFIGS, ids=str)
+@pytest.mark.parametrize("group", [128, 32])
+def test_every_int4_gemv_configuration_matches_and_repeats_bit_for_bit(config, group):
+    """The int4 GEMV (1-2 rows) in each configuration the autotuner may pick."""
+    n, k, rows = 3000, 896, 2  # 7 groups of 128 (28 of 32): a partial last step
+    q, scales, mins = formats.quantize_int4(weight(n, k), group)
+    module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+
+    def run() -> torch.Tensor:
+        out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
+        tm._int4_gemv_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]), rows)](
+            x, module.packed, module.scale_mins, module.bias, out, n, x.stride(0),
+            module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
+            GROUP=group, HAS_BIAS=True, **config.kwargs, num_warps=config.num_warps,
+            **launch_options(CUDA),
         )  # fmt: skip
         return out
 
