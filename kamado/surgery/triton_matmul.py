@@ -2,9 +2,10 @@
 dequantize-then-cuBLAS for everything wider.
 
 Decode reads every weight once per token, so its matmuls are bound by the bytes they read.
-- int8, fp8 and int4 weights at up to GEMV_MAX_ROWS input rows run a GEMV per row: it
-  reads the bytes and their scales, widens them in registers and accumulates in float32.
-- int4, int8 and fp8 weights at three to DOT_MAX_ROWS rows go through
+- int8 and fp8 weights at up to GEMV_MAX_ROWS input rows, and int4 at one, run a GEMV per
+  row: it reads the bytes and their scales, widens them in registers and accumulates in
+  float32.
+- int4 weights from two rows, and int8 and fp8 from three, up to DOT_MAX_ROWS, go through
   tensor cores: each program widens its tile in registers (int4 through bit tricks, not
   the int-to-float instruction, which Hopper issues at an eighth of the FMA rate) and
   reads it once for all input rows.
@@ -28,6 +29,9 @@ from kamado.pdl import launch_options, let_next_start, wait_for_inputs
 from kamado.surgery.formats import WORD_ORDER, unpack_int4
 
 GEMV_MAX_ROWS = 2
+# int4 reads its weight once per input row in the GEMV: at two rows the tensor-core kernel,
+# which reads it once for all, is faster (scripts/gemv_sweep.py 2 int4, dot_sweep.py 2 int4).
+INT4_GEMV_MAX_ROWS = 1
 DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
 # False: dense_matmul is F.linear throughout (scripts/decode_profile.py --dense-gemv
 # compares the two); read at each call, so it holds for graphs captured after it is set.
@@ -635,7 +639,7 @@ def int4_matmul(
     n, groups, _ = scale_mins.shape
     k = words.shape[1] * 8
     rows = x.shape[0]
-    if rows <= GEMV_MAX_ROWS:
+    if rows <= INT4_GEMV_MAX_ROWS:
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _int4_gemv_tuned(rows)[_per_row_grid(n, rows)](

@@ -1,4 +1,4 @@
-"""Compressed linears on CUDA (Triton GEMVs for 1-2 rows of int8, fp8 and int4,
+"""Compressed linears on CUDA (Triton GEMVs for 1-2 rows of int8 and fp8 and 1 of int4,
 tensor-core kernels for up to 16 input rows, dequantize + cuBLAS beyond) against x @ W.T
 with W dequantized from the same compressed tensors in float32; and dense_matmul (the same
 GEMV on bf16 weights) against the float32 product."""
@@ -119,7 +119,8 @@ def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
 @pytest.mark.parametrize("config", tm._INT4_GEMV_CONFIGS, ids=str)
 @pytest.mark.parametrize("group", [128, 32])
 def test_every_int4_gemv_configuration_matches_and_repeats_bit_for_bit(config, group):
-    """The int4 GEMV (1-2 rows) in each configuration the autotuner may pick."""
+    """The int4 GEMV (one row in int4_matmul; two here, so each program's row counts) in
+    each configuration the autotuner may pick."""
     n, k, rows = 3000, 896, 2  # 7 groups of 128 (28 of 32): a partial last step
     q, scales, mins = formats.quantize_int4(weight(n, k), group)
     module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
