@@ -16,6 +16,7 @@ import sys
 import torch
 import triton
 from dot_sweep import int4_weights
+from dot_sweep import tb_per_s as all_bytes_per_s
 from gemv_bandwidth import ROTATED_BYTES, graph_ms
 
 from kamado.pdl import launch_options
@@ -75,8 +76,7 @@ def int4_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tenso
             GROUPS_PER_STEP=groups, num_warps=warps, **options,
         )  # fmt: skip
 
-    ms = graph_ms([lambda w=w: call(*w) for w in copies])
-    return sum(t.nbytes for t in copies[0]) / (ms / 1e3)
+    return all_bytes_per_s(call, copies)
 
 
 def cublas_tb_per_s(copies: list, x: torch.Tensor) -> float:
@@ -93,22 +93,18 @@ def main() -> None:
     pdl_modes = (True,) if "--pdl-only" in args else (False, True)
     args = [a for a in args if a != "--pdl-only"]
     rows = int(args[0]) if args else 1
-    swept = {  # format: (its tensors from a bf16 weight, the sweep's timing, its configs)
-        "fp8": (formats.quantize_fp8, rowwise_tb_per_s, CONFIGS),
-        "int8": (formats.quantize_int8, rowwise_tb_per_s, CONFIGS),
-        "bf16": (unquantized, rowwise_tb_per_s, CONFIGS),
-        "int4": (int4_weights, int4_tb_per_s, INT4_CONFIGS),
+    rowwise = "(BLOCK_N, BLOCK_K, warps, split, sums)"
+    swept = {  # format: (its tensors from a bf16 weight, the timing, configs, their fields)
+        "fp8": (formats.quantize_fp8, rowwise_tb_per_s, CONFIGS, rowwise),
+        "int8": (formats.quantize_int8, rowwise_tb_per_s, CONFIGS, rowwise),
+        "bf16": (unquantized, rowwise_tb_per_s, CONFIGS, rowwise),
+        "int4": (int4_weights, int4_tb_per_s, INT4_CONFIGS, "(BLOCK_N, GROUPS_PER_STEP, warps)"),
     }
     for name in args[1:] or swept:
-        quantize, tb_per_s, configs = swept[name]
+        quantize, tb_per_s, configs, fields = swept[name]
         print(f"{name}, input rows {rows}: TB/s of weight bytes per config")
         shapes = " ".join(f"{n:>5d}x{k:<5d}" for n, k in SHAPES)
-        columns = (
-            "(BLOCK_N, GROUPS_PER_STEP, warps)"
-            if name == "int4"
-            else "(BLOCK_N, BLOCK_K, warps, split, sums)"
-        )
-        print(f"{columns:>38s} | {shapes}")
+        print(f"{fields:>38s} | {shapes}")
         copies = {}
         for n, k in SHAPES:
             tensors = quantize(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)

@@ -296,9 +296,8 @@ def _int4_gemv_kernel(
     rounding of the output. A float32 per word of the tile accumulates across steps, and
     only the last step sums across threads (a draft summing per group each step was
     faster on the two narrowest of Qwen3-8B's five shapes and 11-23% slower on the other
-    three). On an H200 it reads those int4 projections
-    at 1.0-1.7 TB/s and the head at 2.0, 6-40% faster than _int4_dot_kernel at one row
-    (scripts/gemv_sweep.py 1 int4)."""
+    three). On an H200 it reads those int4 projections at 1.0-1.7 TB/s and the head at
+    2.0, 6-41% faster than _int4_dot_kernel at one row (scripts/gemv_sweep.py 1 int4)."""
     let_next_start(PDL)
     m = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
