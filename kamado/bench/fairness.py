@@ -81,6 +81,11 @@ class Fairness:
     quiet_worst_ratio: float
     quiet_steps_past_target: int
     staged_splits: int  # staged chunks split where a layer overran, during the prompt
+    # A check of the normal gap: the streams' gaps beside the prompt from steps that carried
+    # no prompt work (the pacer's fresh measurements), per fifth of the prefill, as rows of
+    # (median context, gaps, median ratio). Near 1.0 where the line through the gaps alone
+    # is the streams' pace at that context; above it where the line runs low.
+    decode_only_beside: list[list[float]]
     # Every step beside the prompt whose worst gap passed TARGET_RATIO, in step order, as
     # rows of the columns below (fewer keys: a run may have hundreds).
     over_target_columns: list[str]
@@ -260,6 +265,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
             _worst_steps([(r, g) for r, g in quiet if r > TARGET_RATIO], limit=None)
         ),
         staged_splits=staged_splits,
+        decode_only_beside=_decode_only_by_fifth([(ratio(g), g) for g in beside]),
         over_target_columns=list(OVER_TARGET_COLUMNS),
         over_target=_over_target(ranked),
     )
@@ -276,6 +282,20 @@ def _over_target(ranked: list[tuple[float, Gap]]) -> list[list[float]]:
     for r, g in sorted(steps, key=lambda pair: pair[1].step):
         record = _record(r, g)
         rows.append([round(record[c], 3) for c in OVER_TARGET_COLUMNS])
+    return rows
+
+
+def _decode_only_by_fifth(gaps: list[tuple[float, Gap]]) -> list[list[float]]:
+    """(median context, count, median ratio) of the gaps from steps without prompt work,
+    in each fifth of `gaps` (in step order) that has any."""
+    rows = []
+    for fifth in range(5):
+        part = gaps[fifth * len(gaps) // 5 : (fifth + 1) * len(gaps) // 5]
+        decode_only = [(r, g) for r, g in part if g.prefill_tokens == 0]
+        if decode_only:
+            context = statistics.median(g.context for _, g in decode_only)
+            ratio = statistics.median(r for r, _ in decode_only)
+            rows.append([context, len(decode_only), round(ratio, 3)])
     return rows
 
 
@@ -347,6 +367,9 @@ def run_fairness(
             f"{r.staged_splits} staged chunks split",
             flush=True,
         )
+        checks = ", ".join(f"{ratio:.2f}x at {context:.0f} ({count})"
+                           for context, count, ratio in r.decode_only_beside)  # fmt: skip
+        print(f"  gaps of steps without prompt work beside it, per fifth: {checks}", flush=True)
         for g in r.worst_gaps[:3]:
             print(
                 f"  a {g['ratio']:.2f}x gap: {g['gap_ms']:.1f} ms, of which scheduling "

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from kamado.bench import fairness
 from kamado.bench.fairness import STREAMS, Gap, Streams
 from kamado.cli import main
 from kamado.config import EngineConfig
@@ -51,11 +52,25 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         # Gaps where others took little CPU time are a subset of all gaps.
         assert 0.0 <= r["quiet_worst_ratio"] <= r["worst_ratio"]
         assert r["quiet_steps_past_target"] <= len(r["over_target"])
+        contexts = [context for context, _, _ in r["decode_only_beside"]]
+        assert contexts == sorted(contexts)
+        assert all(count >= 1 and ratio > 0 for _, count, ratio in r["decode_only_beside"])
         alone = r["alone_worst_gaps"]
         assert len(alone) == 3 and alone[0]["ratio"] == r["alone_worst_ratio"]
         assert all(g["prefill_tokens"] == 0 for g in alone)  # the streams alone
     # Unpaced, 300 tokens fit in one step; paced, a prompt takes many steps beside the streams.
     assert paced["num_gaps"] > unpaced["num_gaps"]
+
+
+def test_the_normal_gap_is_checked_by_steps_without_prompt_work_per_fifth():
+    def gap(step: int, prompt_tokens: int) -> Gap:
+        return Gap(0.1, 100 + step, 0.1, 0.0, 0.0, prompt_tokens, 0, 0.0, 2, step, 0, 0, 0.0, 0.0)
+
+    # Ten steps: fifths of two. Decode-only steps in the first and last fifths only.
+    ratios = [1.0, 3.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 1.2, 1.4]
+    tokens = [0, 5, 5, 5, 5, 5, 5, 5, 0, 0]
+    gaps = [(r, gap(i, t)) for i, (r, t) in enumerate(zip(ratios, tokens, strict=True))]
+    assert fairness._decode_only_by_fifth(gaps) == [[100, 1, 1.0], [108.5, 2, 1.3]]
 
 
 def test_throughput_bench_runs_beside_transformers(tmp_path):
