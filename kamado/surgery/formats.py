@@ -69,24 +69,37 @@ def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.float()[:, None]
 
 
+# A group's inputs go into its words as bf16-sized pairs: word j of a group of G holds
+# pairs j, W + j, 2W + j and 3W + j (W = G / 8 words), that is inputs p * G / 4 + 2j and
+# + 1 for p = 0..3, as its elements 2p and 2p + 1. So the first pairs of all the words of
+# a group are contiguous inputs, as are their second, third and fourth: a kernel loads a
+# word's inputs as four whole pairs, in the same layout as the words.
 # Bits 4i..4i+3 of a word hold its element WORD_ORDER[i]: the even elements in the low
 # half, the odd ones in the high half, so one shift and mask of the word yields elements
-# 2r and 2r + 1 side by side (what the CUDA kernel's tensor cores read as a pair).
+# 2p and 2p + 1 side by side (what the CUDA kernel's tensor cores read as a pair).
 WORD_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+PAIRS_PER_WORD = 4
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """uint8 values 0..15 [out, in] -> int32 words [out, in // 8]: word j holds elements
-    8j..8j+7, in WORD_ORDER."""
+def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
+    """uint8 values 0..15 [out, in] in groups of `group` -> int32 words [out, in // 8]:
+    each group's words in the pair order above, each word's elements in WORD_ORDER."""
     out, inp = q.shape
+    if group % 8 or inp % group:
+        raise ValueError(f"int4 groups of {group} do not pack {inp} inputs into whole words")
+    words = group // 8
+    pairs = q.view(out, inp // group, PAIRS_PER_WORD, words, 2).transpose(2, 3)
     order = torch.tensor(WORD_ORDER, device=q.device)
-    nibbles = q.view(out, inp // 8, 8)[..., order].to(torch.int32)
+    nibbles = pairs.reshape(out, inp // 8, 8)[..., order].to(torch.int32)
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
     return (nibbles << shifts).sum(-1, dtype=torch.int32)  # disjoint bits: the sum is an OR
 
 
-def unpack_int4(words: torch.Tensor) -> torch.Tensor:
+def unpack_int4(words: torch.Tensor, group: int) -> torch.Tensor:
+    """pack_int4's inverse: uint8 values [out, in]."""
+    out, num_words = words.shape
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
     nibbles = ((words[..., None] >> shifts) & 15).to(torch.uint8)
     inverse = torch.argsort(torch.tensor(WORD_ORDER, device=words.device))
-    return nibbles[..., inverse].flatten(-2)
+    pairs = nibbles[..., inverse].view(out, -1, group // 8, PAIRS_PER_WORD, 2)
+    return pairs.transpose(2, 3).reshape(out, num_words * 8)

@@ -74,7 +74,7 @@ class Int4Linear(QuantizedLinear):
         super().__init__(q.shape[1], q.shape[0], bias)
         self.group = q.shape[1] // scales.shape[1]
         if q.is_cuda:  # triton_matmul.int4_matmul's layout
-            self.register_buffer("packed", formats.pack_int4(q))
+            self.register_buffer("packed", formats.pack_int4(q, self.group))
             scale_mins = torch.stack([scales, mins], dim=-1).to(torch.bfloat16)
             self.register_buffer("scale_mins", scale_mins)
         else:

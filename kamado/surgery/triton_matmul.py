@@ -65,7 +65,7 @@ _INT4_DOT_CONFIGS = [
 ]  # fmt: skip
 _INT4_GEMV_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "GROUPS_PER_STEP": g}, num_warps=w)
-    for bn, g, w in [(8, 8, 4), (16, 4, 4), (32, 2, 4), (4, 8, 2), (32, 4, 8)]
+    for bn, g, w in [(4, 32, 4), (8, 16, 4), (4, 8, 1), (8, 8, 2), (4, 4, 1)]
 ]
 SPLIT_MAX_OUT = 16384  # output rows up to which an int4 matmul may split its inputs
 _SPLIT_MAX = 8  # the most SPLIT_K above
@@ -207,11 +207,11 @@ def _grouped_kernel(
 
 def _int4_word_as_bf16_asm() -> str:
     """PTX taking one word and its group's scale and min, giving the word's eight weights
-    as four bf16 pairs. Pair t is nibbles t and t + 4 (where formats.pack_int4 puts inputs
-    2t and 2t + 1): shifted right 4t, masked and ORed into 0x4300 (bf16's 128.0, whose low
-    mantissa bits are zero) it reads 128 + q exactly; less 128 it is q, and one fma makes
-    q * scale + min, rounded once to bf16. $4 is the word, $12 and $16 the scale and min,
-    each a bf16 pair; $0..$3 the pairs out."""
+    as four bf16 pairs. Pair t is nibbles t and t + 4 (where formats.pack_int4 puts the
+    word's elements 2t and 2t + 1): shifted right 4t, masked and ORed into 0x4300 (bf16's
+    128.0, whose low mantissa bits are zero) it reads 128 + q exactly; less 128 it is q,
+    and one fma makes q * scale + min, rounded once to bf16. $4 is the word, $12 and $16
+    the scale and min, each a bf16 pair; $0..$3 the pairs out."""
     lines = ["{", ".reg .b32 t, q, one, low;", "mov.b32 one, 0x3F803F80;"]
     lines.append("mov.b32 low, 0xC300C300;")
     for t in range(4):
@@ -238,7 +238,8 @@ def _eight_copies(t):
 @triton.jit
 def _int4_weights(words, scale, low):
     """int32 words [R, W] (formats.pack_int4) of one group, and that group's scale and min
-    [R] -> bf16 weights [R, 8W], in the inputs' order.
+    [R] -> bf16 weights [R, 8W], word by word: column 8j + e is word j's element e (the
+    inputs, reordered so, are _in_word_order).
 
     The asm sees each word eight times (the joins) and uses one copy, so one call fills a
     thread's eight consecutive values, already paired as the tensor cores read them."""
@@ -252,27 +253,41 @@ def _int4_weights(words, scale, low):
     return tl.reshape(values, [words.shape[0], words.shape[1] * 8])
 
 
-def _int4_word_dot_asm() -> str:
-    """PTX taking one word (formats.pack_int4) and its eight inputs as float32, giving
-    the sum over them of input * (128 + q). Masking the word and the word shifted by 4
-    with 0x0F0F0F0F leaves each q alone in a byte; one prmt puts that byte under
-    0x43000000 (float32's 128.0, whose low mantissa bits are zero), which then reads
-    128 + q exactly: no int-to-float conversion, which Hopper issues at an eighth of the
-    FMA rate. $1 is the word, $2..$9 the inputs in order; $0 the sum out."""
+@triton.jit
+def _in_word_order(x):
+    """Inputs [M, GROUP] -> the same, reordered as _int4_weights' columns: column
+    8j + 2p + b is input p * GROUP / 4 + 2j + b (formats.pack_int4)."""
+    m: tl.constexpr = x.shape[0]
+    group: tl.constexpr = x.shape[1]
+    pairs = tl.permute(tl.reshape(x, [m, 4, group // 8, 2]), (0, 2, 1, 3))
+    return tl.reshape(pairs, [m, group])
+
+
+def _int4_word_dot_asm(rows: int) -> str:
+    """PTX taking a word (formats.pack_int4) of each of `rows` weight rows and the inputs
+    of a word's eight elements as float32, giving for each row the sum over them of
+    input * (128 + q). Masking the word and the word shifted by 4 with 0x0F0F0F0F leaves
+    each q alone in a byte; one prmt puts that byte under 0x43000000 (float32's 128.0,
+    whose low mantissa bits are zero), which then reads 128 + q exactly: no int-to-float
+    conversion, which Hopper issues at an eighth of the FMA rate. $0.. are the sums out,
+    then the words, then the eight inputs in element order."""
     lines = ["{", ".reg .b32 lo, hi, f, magic;", "mov.b32 magic, 0x43000000;"]
-    lines += ["and.b32 lo, $1, 0x0F0F0F0F;", "shr.u32 hi, $1, 4;", "and.b32 hi, hi, 0x0F0F0F0F;"]
-    # Nibble i of the word holds input WORD_ORDER[i]; lo has the even nibbles, hi the odd.
-    for nibble, element in enumerate(WORD_ORDER):
-        source, byte = ("lo", "hi")[nibble % 2], nibble // 2
-        lines.append(f"prmt.b32 f, {source}, magic, 0x{0x7044 | byte << 8:04x};")
-        if nibble == 0:
-            lines.append(f"mul.rn.f32 $0, f, ${2 + element};")
-        else:
-            lines.append(f"fma.rn.f32 $0, f, ${2 + element}, $0;")
+    for row in range(rows):
+        word, out = f"${rows + row}", f"${row}"
+        lines += [f"and.b32 lo, {word}, 0x0F0F0F0F;", f"shr.u32 hi, {word}, 4;"]
+        lines.append("and.b32 hi, hi, 0x0F0F0F0F;")
+        # Nibble i holds element WORD_ORDER[i]; lo has the even nibbles, hi the odd.
+        for nibble, element in enumerate(WORD_ORDER):
+            source, byte = ("lo", "hi")[nibble % 2], nibble // 2
+            lines.append(f"prmt.b32 f, {source}, magic, 0x{0x7044 | byte << 8:04x};")
+            x = f"${2 * rows + element}"
+            lines.append(
+                f"mul.rn.f32 {out}, f, {x};" if nibble == 0 else f"fma.rn.f32 {out}, f, {x}, {out};"
+            )
     return "\n".join(["", *lines, "}", ""])
 
 
-_INT4_WORD_DOT = tl.constexpr(_int4_word_dot_asm())
+_INT4_FOUR_WORDS_DOT = tl.constexpr(_int4_word_dot_asm(4))
 
 
 @triton.jit
@@ -282,63 +297,124 @@ def _per_row(x, words):
 
 
 @triton.jit
+def _input_pairs(x_row, pairs_at, mask):
+    """Inputs 2i and 2i + 1 of the row at x_row as float32, for each pair index i in
+    pairs_at. A 16-bit pair loads as one int32 and widens by a shift or a mask."""
+    if x_row.dtype.element_ty == tl.float32:
+        first = tl.load(x_row + 2 * pairs_at, mask=mask, other=0.0)
+        return first, tl.load(x_row + 2 * pairs_at + 1, mask=mask, other=0.0)
+    pairs = tl.load(x_row.to(tl.pointer_type(tl.int32)) + pairs_at, mask=mask, other=0)
+    if x_row.dtype.element_ty == tl.bfloat16:  # a bf16 is a float32's high half
+        first = (pairs << 16).to(tl.float32, bitcast=True)
+        return first, (pairs & -65536).to(tl.float32, bitcast=True)
+    first = pairs.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return first, (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _row_quarter(w_ptr, sm_ptr, quarter, first, QUARTER: tl.constexpr, N, stride_wn, stride_sn,
+                 words_at, gs):  # fmt: skip
+    """One quarter of a GEMV program's weight rows: (rows, rows clamped in int64, pointers
+    to their words of a step, to their groups' scales and mins)."""
+    rows = first + quarter * QUARTER + tl.arange(0, QUARTER)
+    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
+    w_ptrs = w_ptr + rows64[:, None, None] * stride_wn + words_at[None, :, :]
+    return rows, rows64, w_ptrs, sm_ptr + rows64[:, None] * stride_sn + 2 * gs[None, :]
+
+
+@triton.jit
+def _scaled(dots, sm_ptrs, ok, word_sums):
+    """Each word's part of its row's sum: scale * dot + (min - 128 * scale) * its inputs'
+    sum, from the float32 bits `dots` of _int4_word_dot_asm."""
+    scale = tl.load(sm_ptrs, mask=ok[None, :], other=0.0).to(tl.float32)
+    low = tl.load(sm_ptrs + 1, mask=ok[None, :], other=0.0).to(tl.float32)
+    offset = low - 128.0 * scale
+    dots = dots.to(tl.float32, bitcast=True)
+    return scale[:, :, None] * dots + offset[:, :, None] * word_sums[None, :, :]
+
+
+@triton.jit
 def _int4_gemv_kernel(
     x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
     K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUPS_PER_STEP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[m, rows] = x[m] @ w[rows].T on CUDA cores, w = q * scale + min (int4 words,
-    scale and min per group in sm, bf16 [N, groups, 2]).
+    scale and min per group in sm, bf16 [N, groups, 2]); x's rows start 4-byte aligned.
 
-    Each word's eight products go through one asm (_int4_word_dot_asm) as x * (128 + q),
-    and scale * that + (min - 128 * scale) * (the word's inputs summed) is its part of the
-    row's sum. The subtraction costs float32 about four of its 24 bits, well under the bf16
-    rounding of the output. A float32 per word of the tile accumulates across steps, and
-    only the last step sums across threads (a draft summing per group each step was
-    faster on the two narrowest of Qwen3-8B's five shapes and 11-23% slower on the other
-    three). On an H200 it reads those int4 projections at 1.0-1.7 TB/s and the head at
-    2.0, 6-41% faster than _int4_dot_kernel at one row (scripts/gemv_sweep.py 1 int4)."""
+    - A word's inputs are four pairs (formats.pack_int4), each loaded in the words' own
+      layout, so no value moves between threads until the end.
+    - The program's rows are four quarters, and one asm (_int4_word_dot_asm) takes a word
+      of each with the inputs widened once: x * (128 + q) for each. Then
+      scale * that + (min - 128 * scale) * (the word's inputs summed) is the word's part
+      of its row's sum. The subtraction costs float32 about four of its 24 bits, well
+      under the bf16 rounding of the output.
+    - A float32 per word of the tile accumulates across steps; only the last step sums
+      across threads."""
     let_next_start(PDL)
     m = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
+    QUARTER: tl.constexpr = BLOCK_N // 4
+    first = tl.program_id(0) * BLOCK_N
     WORDS: tl.constexpr = GROUP // 8
     NUM_GROUPS: tl.constexpr = K // GROUP
     gs = tl.arange(0, GROUPS_PER_STEP)
     words_at = gs[:, None] * WORDS + tl.arange(0, WORDS)[None, :]  # [groups, words] of a step
-    w_ptrs = w_ptr + rows64[:, None, None] * stride_wn + words_at[None, :, :]
-    x_ptrs = x_ptr + m * stride_xm + 8 * words_at[:, :, None] + tl.arange(0, 8)[None, None, :]
-    sm_ptrs = sm_ptr + rows64[:, None] * stride_sn + 2 * gs[None, :]
+    r0, r0_64, w0, s0 = _row_quarter(
+        w_ptr, sm_ptr, 0, first, QUARTER, N, stride_wn, stride_sn, words_at, gs
+    )  # noqa: E501
+    r1, r1_64, w1, s1 = _row_quarter(
+        w_ptr, sm_ptr, 1, first, QUARTER, N, stride_wn, stride_sn, words_at, gs
+    )  # noqa: E501
+    r2, r2_64, w2, s2 = _row_quarter(
+        w_ptr, sm_ptr, 2, first, QUARTER, N, stride_wn, stride_sn, words_at, gs
+    )  # noqa: E501
+    r3, r3_64, w3, s3 = _row_quarter(
+        w_ptr, sm_ptr, 3, first, QUARTER, N, stride_wn, stride_sn, words_at, gs
+    )  # noqa: E501
+    x_row = x_ptr + m * stride_xm
+    # Each word's first pair; its others are WORDS, 2 WORDS and 3 WORDS pairs on.
+    pairs_at = gs[:, None] * (GROUP // 2) + tl.arange(0, WORDS)[None, :]
     wait_for_inputs(PDL)
-    acc = tl.zeros([BLOCK_N, GROUPS_PER_STEP, WORDS], tl.float32)
+    acc0 = tl.zeros([QUARTER, GROUPS_PER_STEP, WORDS], tl.float32)
+    acc1 = tl.zeros([QUARTER, GROUPS_PER_STEP, WORDS], tl.float32)
+    acc2 = tl.zeros([QUARTER, GROUPS_PER_STEP, WORDS], tl.float32)
+    acc3 = tl.zeros([QUARTER, GROUPS_PER_STEP, WORDS], tl.float32)
     for g0 in range(0, NUM_GROUPS, GROUPS_PER_STEP):
         ok = g0 + gs < NUM_GROUPS  # False only in a last, partial step
-        words = tl.load(w_ptrs, mask=ok[None, :, None], other=0)
-        x = tl.load(x_ptrs, mask=ok[:, None, None], other=0.0).to(tl.float32)
-        evens, odds = tl.split(tl.reshape(x, [GROUPS_PER_STEP, WORDS, 4, 2]))
-        x04, x26 = tl.split(tl.reshape(evens, [GROUPS_PER_STEP, WORDS, 2, 2]))
-        x15, x37 = tl.split(tl.reshape(odds, [GROUPS_PER_STEP, WORDS, 2, 2]))
-        x0, x4 = tl.split(x04)
-        x2, x6 = tl.split(x26)
-        x1, x5 = tl.split(x15)
-        x3, x7 = tl.split(x37)
-        dots = tl.inline_asm_elementwise(
-            _INT4_WORD_DOT, "=r" + ",r" * 9,
-            [words, _per_row(x0, words), _per_row(x1, words), _per_row(x2, words),
-             _per_row(x3, words), _per_row(x4, words), _per_row(x5, words),
-             _per_row(x6, words), _per_row(x7, words)],
-            dtype=tl.int32, is_pure=True, pack=1,
-        ).to(tl.float32, bitcast=True)  # fmt: skip
+        q0 = tl.load(w0, mask=ok[None, :, None], other=0)
+        q1 = tl.load(w1, mask=ok[None, :, None], other=0)
+        q2 = tl.load(w2, mask=ok[None, :, None], other=0)
+        q3 = tl.load(w3, mask=ok[None, :, None], other=0)
+        x0, x1 = _input_pairs(x_row, pairs_at, ok[:, None])
+        x2, x3 = _input_pairs(x_row, pairs_at + WORDS, ok[:, None])
+        x4, x5 = _input_pairs(x_row, pairs_at + 2 * WORDS, ok[:, None])
+        x6, x7 = _input_pairs(x_row, pairs_at + 3 * WORDS, ok[:, None])
+        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+            _INT4_FOUR_WORDS_DOT, "=r,=r,=r,=r" + ",r" * 12,
+            [q0, q1, q2, q3, _per_row(x0, q0), _per_row(x1, q0), _per_row(x2, q0),
+             _per_row(x3, q0), _per_row(x4, q0), _per_row(x5, q0), _per_row(x6, q0),
+             _per_row(x7, q0)],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+        )  # fmt: skip
         word_sums = (x0 + x1) + (x2 + x3) + ((x4 + x5) + (x6 + x7))
-        scale = tl.load(sm_ptrs, mask=ok[None, :], other=0.0).to(tl.float32)
-        low = tl.load(sm_ptrs + 1, mask=ok[None, :], other=0.0).to(tl.float32)
-        offset = low - 128.0 * scale
-        acc += scale[:, :, None] * dots + offset[:, :, None] * word_sums[None, :, :]
-        w_ptrs += GROUPS_PER_STEP * WORDS
-        x_ptrs += GROUPS_PER_STEP * GROUP
-        sm_ptrs += 2 * GROUPS_PER_STEP
-    out = tl.sum(tl.sum(acc, axis=2), axis=1)
-    _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
+        acc0 += _scaled(d0, s0, ok, word_sums)
+        acc1 += _scaled(d1, s1, ok, word_sums)
+        acc2 += _scaled(d2, s2, ok, word_sums)
+        acc3 += _scaled(d3, s3, ok, word_sums)
+        w0 += GROUPS_PER_STEP * WORDS
+        w1 += GROUPS_PER_STEP * WORDS
+        w2 += GROUPS_PER_STEP * WORDS
+        w3 += GROUPS_PER_STEP * WORDS
+        s0 += 2 * GROUPS_PER_STEP
+        s1 += 2 * GROUPS_PER_STEP
+        s2 += 2 * GROUPS_PER_STEP
+        s3 += 2 * GROUPS_PER_STEP
+        pairs_at += GROUPS_PER_STEP * (GROUP // 2)
+    out_row = out_ptr + m * stride_om
+    _store_row(tl.sum(tl.sum(acc0, axis=2), axis=1), b_ptr, out_row, r0, r0_64, N, HAS_BIAS)
+    _store_row(tl.sum(tl.sum(acc1, axis=2), axis=1), b_ptr, out_row, r1, r1_64, N, HAS_BIAS)
+    _store_row(tl.sum(tl.sum(acc2, axis=2), axis=1), b_ptr, out_row, r2, r2_64, N, HAS_BIAS)
+    _store_row(tl.sum(tl.sum(acc3, axis=2), axis=1), b_ptr, out_row, r3, r3_64, N, HAS_BIAS)
 
 
 @triton.jit
@@ -387,7 +463,7 @@ def _int4_dot_kernel(
             g = g0 + t
             ok = g < end  # False only in a last, partial step
             words = tl.load(w_base + g * WORDS, mask=ok, other=0)
-            x = tl.load(x_base + g * GROUP, mask=(ms < M)[:, None] & ok, other=0.0)
+            x = _in_word_order(tl.load(x_base + g * GROUP, mask=(ms < M)[:, None] & ok, other=0.0))
             scale = tl.sum(tl.where(cols[None, :] == 2 * t, sm, 0.0), axis=1)
             low = tl.sum(tl.where(cols[None, :] == 2 * t + 1, sm, 0.0), axis=1)
             w = _int4_weights(words, scale.to(tl.bfloat16), low.to(tl.bfloat16))
@@ -639,7 +715,8 @@ def int4_matmul(
     k = words.shape[1] * 8
     rows = x.shape[0]
     if rows <= INT4_GEMV_MAX_ROWS:
-        x = x.contiguous()
+        # The GEMV loads 16-bit inputs as 4-byte pairs: a row at an odd element is copied.
+        x = x.contiguous() if x.data_ptr() % 4 == 0 else x.clone()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _int4_gemv_tuned(rows)[_per_row_grid(n, rows)](
             x, words, scale_mins, _optional_arg(x, bias), out, n, x.stride(0), words.stride(0),
@@ -657,7 +734,7 @@ def int4_matmul(
             **launch_options(x.device),
         )  # fmt: skip
         return out
-    q = unpack_int4(words).view(n, groups, -1).to(x.dtype)
+    q = unpack_int4(words, k // groups).view(n, groups, -1).to(x.dtype)
     sm = scale_mins.to(x.dtype)
     w = q * sm[..., :1] + sm[..., 1:]
     return F.linear(x, w.view(n, k), bias)

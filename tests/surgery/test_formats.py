@@ -47,23 +47,32 @@ def test_fp8_keeps_three_mantissa_bits(w):
     assert (error[big] <= w.abs()[big] * 2**-4 + 1e-9).all()
 
 
-def test_int4_packing_is_lossless():
+@pytest.mark.parametrize("group", [32, 128])
+def test_int4_packing_is_lossless(group):
     q = torch.randint(0, 16, (5, 256), dtype=torch.uint8)
-    packed = formats.pack_int4(q)
+    packed = formats.pack_int4(q, group)
     assert packed.shape == (5, 32) and packed.dtype == torch.int32
-    assert torch.equal(formats.unpack_int4(packed), q)
+    assert torch.equal(formats.unpack_int4(packed, group), q)
 
 
-def test_int4_words_hold_eight_consecutive_inputs_evens_low():
+def test_int4_words_hold_four_input_pairs_of_their_group_evens_low():
+    """Word j of a group of 32 (four words) holds inputs 2j, 2j + 1, 8 + 2j, 9 + 2j, ...,
+    24 + 2j, 25 + 2j as its elements 0..7; element 2p + b is nibble 4b + p."""
     q = torch.zeros(1, 64, dtype=torch.uint8)
-    q[0, 8 + 2] = 7  # element 10: word 1's third element, the low half's nibble 1
-    q[0, 8 + 3] = 5  # element 11: word 1's fourth element, the high half's nibble 1
-    q[0, 63] = 15  # the last element: the top nibble of the last word (sign bit set)
-    words = formats.pack_int4(q)
+    q[0, 8 + 2] = 7  # group 0, pair 5: word 1's element 2 (p = 1, b = 0), nibble 1
+    q[0, 8 + 3] = 5  # its partner: word 1's element 3 (p = 1, b = 1), nibble 5
+    q[0, 32 + 6] = 9  # group 1, pair 3: word 3 of the group (word 7), element 0, nibble 0
+    q[0, 63] = 15  # group 1's last input: word 7's element 7, the top nibble (sign bit)
+    words = formats.pack_int4(q, 32)
     expected = torch.zeros(1, 8, dtype=torch.int32)
     expected[0, 1] = 7 << 4 | 5 << 20
-    expected[0, 7] = -(1 << 28)  # 0xF0000000 as int32
+    expected[0, 7] = 9 - (1 << 28)  # 0xF0000009 as int32
     assert torch.equal(words, expected)
+
+
+def test_int4_groups_must_pack_into_whole_words():
+    with pytest.raises(ValueError, match="whole words"):
+        formats.pack_int4(torch.zeros(2, 48, dtype=torch.uint8), 12)
 
 
 def test_groups_must_divide_the_input_size(w):
