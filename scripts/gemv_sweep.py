@@ -1,5 +1,6 @@
 """Bytes per second of the CUDA int8/fp8 GEMV (triton_matmul._rowwise_kernel, a scale per
-row) and of the int4 GEMV (_int4_gemv_kernel, group 128) for each tile configuration, at
+row) and of the int4 GEMVs (_int4_gemv_kernel for one input row, _int4_gemv_rows_kernel
+for two to four; group 128) for each tile configuration, at
 Qwen3-8B's projection shapes: what the autotuner chooses among, so the list it gets can be
 the configurations that win somewhere. bf16 weights (no scales:
 triton_matmul.dense_matmul) run beside cuBLAS, whose figure for the shape is printed
@@ -33,10 +34,14 @@ CONFIGS = [
     (2, 2048, 2, 1, True), (4, 2048, 4, 2, True), (8, 2048, 4, 2, True),
     (4, 4096, 4, 2, True), (8, 1024, 4, 1, True), (4, 1024, 4, 4, True),
 ]  # fmt: skip
-# int4: (BLOCK_N, a multiple of 4, GROUPS_PER_STEP, num_warps)
+# int4, one row: (BLOCK_N, a multiple of 4, GROUPS_PER_STEP, num_warps)
 INT4_CONFIGS = [
     (4, 32, 4), (8, 32, 4), (8, 16, 4), (8, 16, 2), (4, 8, 1), (8, 8, 2), (8, 8, 1),
     (16, 8, 4), (4, 4, 1), (8, 4, 1), (16, 4, 2), (16, 4, 4), (32, 4, 4),
+]  # fmt: skip
+# int4, two to four rows: (GROUPS_PER_STEP, num_warps)
+INT4_ROWS_CONFIGS = [
+    (4, 1), (8, 1), (4, 2), (8, 2), (16, 2), (32, 2), (8, 4), (16, 4), (32, 4), (16, 8), (32, 8),
 ]  # fmt: skip
 
 
@@ -63,18 +68,27 @@ def rowwise_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Te
 
 
 def int4_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
-    """As rowwise_tb_per_s, for the int4 GEMV; its bytes count the scales and minimums."""
-    bn, groups, warps = config
+    """As rowwise_tb_per_s, for the int4 GEMVs; their bytes count the scales and minimums."""
     options = launch_options(x.device) if pdl else {"PDL": False}
     n, rows = copies[0][0].shape[0], x.shape[0]
     out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
 
     def call(words: torch.Tensor, scale_mins: torch.Tensor) -> None:
-        tm._int4_gemv_kernel[(triton.cdiv(n, bn), rows)](
-            x, words, scale_mins, x, out, n, x.stride(0), words.stride(0),
-            scale_mins.stride(0), out.stride(0), K=k, GROUP=128, HAS_BIAS=False, BLOCK_N=bn,
-            GROUPS_PER_STEP=groups, num_warps=warps, **options,
-        )  # fmt: skip
+        strides = x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0)
+        tensors = x, words, scale_mins, x, out
+        if rows == 1:
+            bn, groups, warps = config
+            tm._int4_gemv_kernel[(triton.cdiv(n, bn), rows)](
+                *tensors, n, *strides, K=k, GROUP=128, HAS_BIAS=False, BLOCK_N=bn,
+                GROUPS_PER_STEP=groups, num_warps=warps, **options,
+            )  # fmt: skip
+        else:
+            groups, warps = config
+            tm._int4_gemv_rows_kernel[(triton.cdiv(n, 4),)](
+                *tensors, rows, n, *strides, K=k, GROUP=128, HAS_BIAS=False,
+                GROUPS_PER_STEP=groups, ROWS=triton.next_power_of_2(rows), num_warps=warps,
+                **options,
+            )  # fmt: skip
 
     return all_bytes_per_s(call, copies)
 
@@ -98,7 +112,9 @@ def main() -> None:
         "fp8": (formats.quantize_fp8, rowwise_tb_per_s, CONFIGS, rowwise),
         "int8": (formats.quantize_int8, rowwise_tb_per_s, CONFIGS, rowwise),
         "bf16": (unquantized, rowwise_tb_per_s, CONFIGS, rowwise),
-        "int4": (int4_weights, int4_tb_per_s, INT4_CONFIGS, "(BLOCK_N, GROUPS_PER_STEP, warps)"),
+        "int4": (int4_weights, int4_tb_per_s, INT4_CONFIGS, "(BLOCK_N, GROUPS_PER_STEP, warps)")
+        if rows == 1
+        else (int4_weights, int4_tb_per_s, INT4_ROWS_CONFIGS, "(GROUPS_PER_STEP, warps)"),
     }
     for name in args[1:] or swept:
         quantize, tb_per_s, configs, fields = swept[name]
