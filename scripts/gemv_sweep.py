@@ -1,6 +1,7 @@
 """Bytes per second of the CUDA int8/fp8 GEMV (triton_matmul._rowwise_kernel, a scale per
-row) and of the int4 GEMVs (_int4_gemv_kernel for one input row, _int4_gemv_rows_kernel
-for two to four; group 128) for each tile configuration, at
+row), of the int4 GEMVs (_int4_gemv_kernel for one input row, _int4_gemv_rows_kernel
+for two to four; group 128) and of the int4 kernel on mma.sync (FORMAT int4-mma,
+_int4_mma_kernel) for each tile configuration, at
 Qwen3-8B's projection shapes: what the autotuner chooses among, so the list it gets can be
 the configurations that win somewhere. bf16 weights (no scales:
 triton_matmul.dense_matmul) run beside cuBLAS, whose figure for the shape is printed
@@ -39,6 +40,8 @@ INT4_CONFIGS = [
     (4, 32, 4), (8, 32, 4), (8, 16, 4), (8, 16, 2), (4, 8, 1), (8, 8, 2), (8, 8, 1),
     (16, 8, 4), (4, 4, 1), (8, 4, 1), (16, 4, 2), (16, 4, 4), (32, 4, 4),
 ]  # fmt: skip
+# int4 on mma.sync (_int4_mma_kernel), up to 8 rows: (num_warps,)
+INT4_MMA_CONFIGS = [(1,), (2,), (4,), (8,), (16,)]
 # int4, two to four rows: (GROUPS_PER_STEP, num_warps)
 INT4_ROWS_CONFIGS = [
     (4, 1), (8, 1), (4, 2), (8, 2), (16, 2), (32, 2), (8, 4), (16, 4), (32, 4), (16, 8), (32, 8),
@@ -93,6 +96,23 @@ def int4_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tenso
     return all_bytes_per_s(call, copies)
 
 
+def int4_mma_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
+    """As int4_tb_per_s, for the int4 kernel on mma.sync."""
+    (warps,) = config
+    options = launch_options(x.device) if pdl else {"PDL": False}
+    n, rows = copies[0][0].shape[0], x.shape[0]
+    out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+
+    def call(words: torch.Tensor, scale_mins: torch.Tensor) -> None:
+        tm._int4_mma_kernel[(triton.cdiv(n, 16),)](
+            x, words, scale_mins, x, out, rows, n, x.stride(0), words.stride(0),
+            scale_mins.stride(0), out.stride(0), K=k, HAS_BIAS=False, WARPS=warps,
+            num_warps=warps, **options,
+        )  # fmt: skip
+
+    return all_bytes_per_s(call, copies)
+
+
 def cublas_tb_per_s(copies: list, x: torch.Tensor) -> float:
     ms = graph_ms([lambda w=w: x @ w[0].T for w in copies])
     return copies[0][0].nbytes / (ms / 1e3)
@@ -115,6 +135,7 @@ def main() -> None:
         "int4": (int4_weights, int4_tb_per_s, INT4_CONFIGS, "(BLOCK_N, GROUPS_PER_STEP, warps)")
         if rows == 1
         else (int4_weights, int4_tb_per_s, INT4_ROWS_CONFIGS, "(GROUPS_PER_STEP, warps)"),
+        "int4-mma": (int4_weights, int4_mma_tb_per_s, INT4_MMA_CONFIGS, "(warps,)"),
     }
     for name in args[1:] or swept:
         quantize, tb_per_s, configs, fields = swept[name]

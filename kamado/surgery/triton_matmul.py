@@ -2,13 +2,18 @@
 dequantize-then-cuBLAS for everything wider.
 
 Decode reads every weight once per token, so its matmuls are bound by the bytes they read.
-- int8 and fp8 weights at up to GEMV_MAX_ROWS input rows run a GEMV per row, and int4 at
-  up to INT4_GEMV_MAX_ROWS one GEMV for all: it reads the bytes and their scales, widens
-  them in registers and accumulates in float32.
-- int4 weights from five rows, and int8 and fp8 from three, up to DOT_MAX_ROWS, go through
-  tensor cores: each program widens its tile in registers (int4 through bit tricks, not
-  the int-to-float instruction, which Hopper issues at an eighth of the FMA rate) and
-  reads it once for all input rows.
+- int8 and fp8 weights at up to GEMV_MAX_ROWS input rows run a GEMV per row: it reads the
+  bytes and their scales, widens them in registers and accumulates in float32. So does
+  int4 at one row.
+- int4 with bf16 inputs of two to INT4_MMA_MAX_ROWS rows (several agents decoding at
+  once) takes mma.sync: each thread loads the words that its part of an MMA tile needs,
+  widens them in registers and the tensor cores multiply them with all rows at once.
+  Other inputs (fp16, float32, groups other than 128) take an int4 GEMV for up to
+  INT4_GEMV_MAX_ROWS rows, which widens each word once for all rows.
+- int4 weights beyond those, and int8 and fp8 from three rows, up to DOT_MAX_ROWS, go
+  through tensor cores on tiles: each program widens its tile in registers (int4 through
+  bit tricks, not the int-to-float instruction, which Hopper issues at an eighth of the
+  FMA rate) and reads it once for all input rows.
 - Wider inputs (prefill, large batches) are compute-bound: the weight is widened to the
   activation dtype once and cuBLAS does the product.
 Measured per shape on an H200: `python scripts/gemv_bandwidth.py [ROWS]`, and per tile
@@ -30,9 +35,13 @@ from kamado.surgery.formats import WORD_ORDER, unpack_int4
 
 GEMV_MAX_ROWS = 2
 # int4's GEMV for two to four input rows reads and widens each word once for all of them,
-# faster than the tensor-core kernel there (scripts/gemv_sweep.py 2 int4 against
-# dot_sweep.py 2 int4; batch 4 in kamado bench --gpu --surgery int4).
+# faster than the tile kernel there (scripts/gemv_sweep.py 2 int4 against dot_sweep.py 2
+# int4); it serves what _int4_mma_kernel does not take.
 INT4_GEMV_MAX_ROWS = 4
+# int4 with bf16 inputs from two rows to this many (the columns of one MMA) takes
+# _int4_mma_kernel; at one row the GEMV reads 4 of Qwen3-8B's 5 shapes faster
+# (scripts/gemv_sweep.py 1 int4 against 1 int4-mma).
+INT4_MMA_MAX_ROWS = 8
 DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
 # False: dense_matmul is F.linear throughout (scripts/decode_profile.py --dense-gemv
 # compares the two); read at each call, so it holds for graphs captured after it is set.
@@ -74,6 +83,8 @@ _INT4_GEMV_ROWS_CONFIGS = [
     triton.Config({"GROUPS_PER_STEP": g}, num_warps=w)
     for g, w in [(4, 1), (8, 1), (8, 2), (16, 2), (32, 2), (32, 4)]
 ]
+# The warps of an _int4_mma_kernel program: winners of scripts/gemv_sweep.py 4 int4-mma.
+_INT4_MMA_CONFIGS = [triton.Config({"WARPS": w}, num_warps=w) for w in (2, 4, 8)]
 SPLIT_MAX_OUT = 16384  # output rows up to which an int4 matmul may split its inputs
 _SPLIT_MAX = 8  # the most SPLIT_K above
 _INT8_DOT_CONFIGS = [
@@ -212,27 +223,37 @@ def _grouped_kernel(
     _store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
-def _int4_word_as_bf16_asm() -> str:
+def _int4_word_as_bf16_asm(word: str, scale: str, low: str) -> str:
     """PTX taking one word and its group's scale and min, giving the word's eight weights
     as four bf16 pairs. Pair t is nibbles t and t + 4 (where formats.pack_int4 puts the
     word's elements 2t and 2t + 1): shifted right 4t, masked and ORed into 0x4300 (bf16's
     128.0, whose low mantissa bits are zero) it reads 128 + q exactly; less 128 it is q,
-    and one fma makes q * scale + min, rounded once to bf16. $4 is the word, $12 and $16
-    the scale and min, each a bf16 pair; $0..$3 the pairs out."""
+    and one fma makes q * scale + min, rounded once to bf16. `word` names the word's
+    operand, `scale` and `low` those of the scale and min, each a bf16 pair; $0..$3 are
+    the pairs out."""
     lines = ["{", ".reg .b32 t, q, one, low;", "mov.b32 one, 0x3F803F80;"]
     lines.append("mov.b32 low, 0xC300C300;")
     for t in range(4):
         if t:
-            lines.append(f"shr.u32 t, $4, {4 * t};")
+            lines.append(f"shr.u32 t, {word}, {4 * t};")
         lines += [
-            f"lop3.b32 q, {'t' if t else '$4'}, 0x000F000F, 0x43004300, 0xea;",
+            f"lop3.b32 q, {'t' if t else word}, 0x000F000F, 0x43004300, 0xea;",
             "fma.rn.bf16x2 q, q, one, low;",
-            f"fma.rn.bf16x2 ${t}, q, $12, $16;",
+            f"fma.rn.bf16x2 ${t}, q, {scale}, {low};",
         ]
     return "\n".join(["", *lines, "}", ""])
 
 
-_INT4_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm())
+# In _int4_weights each operand comes eight times (pack=8): the first copy of each.
+_INT4_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm("$4", "$12", "$16"))
+_INT4_ONE_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm("$4", "$5", "$6"))
+# D = A @ B + C on a warp's tensor cores: A 16 x 16 bf16 (four bf16 pairs a thread), B
+# 16 x 8 bf16 (two pairs), C and D 16 x 8 float32 (four a thread); PTX ISA, "Matrix
+# Fragments for mma.m16n8k16", gives which thread holds which values.
+_MMA_16X8X16 = tl.constexpr(
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+)
 
 
 @triton.jit
@@ -605,6 +626,152 @@ def _int4_gemv_rows_kernel(
 
 
 @triton.jit
+def _bf16_pairs(word, sm):
+    """A word's eight weights as four bf16 pairs (_int4_word_as_bf16_asm), from the word
+    and its group's scale and min (one int32: the scale in the low half)."""
+    scale = (sm & 0xFFFF) | (sm << 16)
+    low = ((sm >> 16) & 0xFFFF) | (sm & -65536)
+    return tl.inline_asm_elementwise(
+        _INT4_ONE_WORD_AS_BF16, "=r,=r,=r,=r,r,r,r", [word, scale, low],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return tl.inline_asm_elementwise(
+        _MMA_16X8X16, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_mma_part(out_ptr, b_ptr, d, rows, n, M, N, stride_om, HAS_BIAS: tl.constexpr):
+    """Store one of a thread's four D values: output row `rows` of input row `n`."""
+    if HAS_BIAS:
+        d += tl.load(b_ptr + tl.minimum(rows, N - 1)).to(tl.float32)
+    mask = (n < M) & (rows < N)
+    tl.store(out_ptr + n * stride_om + rows, d.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# A 16-byte load in one instruction: Triton splits loads whose pointers it cannot prove
+# contiguous, and here each thread's four words must stay in that thread.
+_LOAD_16_BYTES = tl.constexpr("ld.global.v4.b32 {$0, $1, $2, $3}, [$4];")
+
+
+@triton.jit
+def _four_words(address):
+    """The four int32 at each byte address (int64, 16-byte aligned) in `address`."""
+    return tl.inline_asm_elementwise(
+        _LOAD_16_BYTES, "=r,=r,=r,=r,l", [address],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _group_loads(w_lo, w_hi, sm_lo, sm_hi, x_pairs, group, NUM_GROUPS: tl.constexpr):
+    """What _int4_mma_kernel's threads use of one group each (`group`, [threads], clamped
+    to the last one: what lies past it is multiplied by zeros): their four words of the
+    two weight rows, the rows' scale and min, and for each of the words' four pairs their
+    four input pairs. w_lo, w_hi and x_pairs are byte addresses of group 0's."""
+    at = tl.minimum(group, NUM_GROUPS - 1)
+    wl0, wl1, wl2, wl3 = _four_words(w_lo + at * 64)
+    wh0, wh1, wh2, wh3 = _four_words(w_hi + at * 64)
+    xa0, xa1, xa2, xa3 = _four_words(x_pairs + at * 256)
+    xb0, xb1, xb2, xb3 = _four_words(x_pairs + at * 256 + 64)
+    xc0, xc1, xc2, xc3 = _four_words(x_pairs + at * 256 + 128)
+    xd0, xd1, xd2, xd3 = _four_words(x_pairs + at * 256 + 192)
+    return (
+        wl0, wl1, wl2, wl3, wh0, wh1, wh2, wh3, tl.load(sm_lo + at), tl.load(sm_hi + at),
+        xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3, xc0, xc1, xc2, xc3, xd0, xd1, xd2, xd3,
+    )  # fmt: skip
+
+
+@triton.jit
+def _word_mmas(c0, c1, c2, c3, w_lo, w_hi, s_lo, s_hi, xa, xb, xc, xd, real):
+    """A word of each of the two weight rows times its inputs, added to the sums: two
+    MMAs, the first for the words' pairs 0 and 1, the second for 2 and 3."""
+    lo0, lo1, lo2, lo3 = _bf16_pairs(w_lo, s_lo)
+    hi0, hi1, hi2, hi3 = _bf16_pairs(w_hi, s_hi)
+    c0, c1, c2, c3 = _mma(
+        lo0, hi0, lo1, hi1, tl.where(real, xa, 0), tl.where(real, xb, 0), c0, c1, c2, c3
+    )
+    return _mma(lo2, hi2, lo3, hi3, tl.where(real, xc, 0), tl.where(real, xd, 0), c0, c1, c2, c3)
+
+
+@triton.jit
+def _int4_mma_kernel(
+    x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, WARPS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """out[:M, rows] = x @ w[rows].T for up to 8 bf16 input rows, groups of 128, on the
+    tensor cores through mma.sync: w = q * scale + min made in bf16 in registers (the
+    bf16 weights the wider path multiplies too), products summed in float32. x's rows
+    start 16-byte aligned.
+
+    Each program has 16 weight rows, one MMA tile's, and its WARPS warps take turns over
+    the groups, each loading its next group before using this one. Tensors here are one
+    value a thread ([32 * WARPS], thread i holding value i), so each thread holds what
+    the PTX fragments give it: lane l = 4 g + t holds words 4t .. 4t + 3 of each group's
+    16 in weight rows g and g + 8, as A, and of input row g the inputs those words
+    multiply, as B. A word's pairs p = 0..3 multiply inputs 32 p + 2j (formats.pack_int4),
+    so each word fills the same A fragment columns of two MMAs, and B needs no
+    reordering: the bf16 pairs load as they lie. Input rows past M are zeros."""
+    let_next_start(PDL)
+    NUM_GROUPS: tl.constexpr = K // 128
+    threads = tl.arange(0, 32 * WARPS)
+    lane = threads % 32
+    warp = threads // 32
+    g = lane // 4
+    t = lane % 4
+    row_lo = tl.program_id(0) * 16 + g
+    w_bytes = w_ptr.to(tl.int64) + 16 * t
+    w_lo = w_bytes + tl.minimum(row_lo, N - 1).to(tl.int64) * stride_wn * 4
+    w_hi = w_bytes + tl.minimum(row_lo + 8, N - 1).to(tl.int64) * stride_wn * 4
+    sm_words = sm_ptr.to(tl.pointer_type(tl.int32))  # a group's scale and min in one int32
+    sm_lo = sm_words + tl.minimum(row_lo, N - 1).to(tl.int64) * (stride_sn // 2)
+    sm_hi = sm_words + tl.minimum(row_lo + 8, N - 1).to(tl.int64) * (stride_sn // 2)
+    x_pairs = x_ptr.to(tl.int64) + tl.minimum(g, M - 1).to(tl.int64) * stride_xm * 2 + 16 * t
+    c0 = tl.zeros([32 * WARPS], tl.float32)
+    c1 = tl.zeros([32 * WARPS], tl.float32)
+    c2 = tl.zeros([32 * WARPS], tl.float32)
+    c3 = tl.zeros([32 * WARPS], tl.float32)
+    wait_for_inputs(PDL)
+    (wl0, wl1, wl2, wl3, wh0, wh1, wh2, wh3, s_lo, s_hi, xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3,
+     xc0, xc1, xc2, xc3, xd0, xd1, xd2, xd3) = _group_loads(
+        w_lo, w_hi, sm_lo, sm_hi, x_pairs, warp, NUM_GROUPS
+    )  # fmt: skip
+    for g0 in range(0, NUM_GROUPS, WARPS):
+        real = (g < M) & (g0 + warp < NUM_GROUPS)
+        (nl0, nl1, nl2, nl3, nh0, nh1, nh2, nh3, n_lo, n_hi, ya0, ya1, ya2, ya3, yb0, yb1,
+         yb2, yb3, yc0, yc1, yc2, yc3, yd0, yd1, yd2, yd3) = _group_loads(
+            w_lo, w_hi, sm_lo, sm_hi, x_pairs, g0 + WARPS + warp, NUM_GROUPS
+        )  # fmt: skip
+        c0, c1, c2, c3 = _word_mmas(c0, c1, c2, c3, wl0, wh0, s_lo, s_hi, xa0, xb0, xc0, xd0, real)
+        c0, c1, c2, c3 = _word_mmas(c0, c1, c2, c3, wl1, wh1, s_lo, s_hi, xa1, xb1, xc1, xd1, real)
+        c0, c1, c2, c3 = _word_mmas(c0, c1, c2, c3, wl2, wh2, s_lo, s_hi, xa2, xb2, xc2, xd2, real)
+        c0, c1, c2, c3 = _word_mmas(c0, c1, c2, c3, wl3, wh3, s_lo, s_hi, xa3, xb3, xc3, xd3, real)
+        (wl0, wl1, wl2, wl3, wh0, wh1, wh2, wh3, s_lo, s_hi, xa0, xa1, xa2, xa3, xb0, xb1, xb2,
+         xb3, xc0, xc1, xc2, xc3, xd0, xd1, xd2, xd3) = (
+            nl0, nl1, nl2, nl3, nh0, nh1, nh2, nh3, n_lo, n_hi, ya0, ya1, ya2, ya3, yb0, yb1,
+            yb2, yb3, yc0, yc1, yc2, yc3, yd0, yd1, yd2, yd3,
+        )  # fmt: skip
+    # Each warp's sums, added across warps: thread l then holds D rows g, g + 8 and
+    # columns (input rows) 2t, 2t + 1.
+    c0 = tl.sum(tl.reshape(c0, [WARPS, 32]), axis=0)
+    c1 = tl.sum(tl.reshape(c1, [WARPS, 32]), axis=0)
+    c2 = tl.sum(tl.reshape(c2, [WARPS, 32]), axis=0)
+    c3 = tl.sum(tl.reshape(c3, [WARPS, 32]), axis=0)
+    lanes = tl.arange(0, 32)
+    rows = tl.program_id(0) * 16 + lanes // 4
+    n = 2 * (lanes % 4)
+    _store_mma_part(out_ptr, b_ptr, c0, rows, n, M, N, stride_om, HAS_BIAS)
+    _store_mma_part(out_ptr, b_ptr, c1, rows, n + 1, M, N, stride_om, HAS_BIAS)
+    _store_mma_part(out_ptr, b_ptr, c2, rows + 8, n, M, N, stride_om, HAS_BIAS)
+    _store_mma_part(out_ptr, b_ptr, c3, rows + 8, n + 1, M, N, stride_om, HAS_BIAS)
+
+
+@triton.jit
 def _int4_dot_kernel(
     x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, M, N, stride_xm, stride_wn,
     stride_sn, stride_om, K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -800,6 +967,7 @@ _int4_dot_tuned = _tuned_per_rows(
     prune_configs_by={"early_config_prune": _split_fits},
 )  # fmt: skip
 _int4_gemv_tuned = _tuned_per_rows(_int4_gemv_kernel, _INT4_GEMV_CONFIGS, key=["N", "K", "GROUP"])
+_int4_mma_tuned = _tuned_per_rows(_int4_mma_kernel, _INT4_MMA_CONFIGS, key=["N", "K"])
 _int4_gemv_rows_tuned = _tuned_per_rows(
     _int4_gemv_rows_kernel, _INT4_GEMV_ROWS_CONFIGS, key=["N", "K", "GROUP"]
 )
@@ -904,6 +1072,17 @@ def int4_matmul(
     n, groups, _ = scale_mins.shape
     k = words.shape[1] * 8
     rows = x.shape[0]
+    group = k // groups
+    if 2 <= rows <= INT4_MMA_MAX_ROWS and x.dtype == torch.bfloat16 and group == 128:
+        x = x.contiguous()
+        x = x if x.data_ptr() % 16 == 0 else x.clone()  # its rows load 16 bytes at a time
+        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+        _int4_mma_tuned(rows)[(triton.cdiv(n, 16),)](
+            x, words, scale_mins, _optional_arg(x, bias), out, rows, n, x.stride(0),
+            words.stride(0), scale_mins.stride(0), out.stride(0), K=k,
+            HAS_BIAS=bias is not None, **launch_options(x.device),
+        )  # fmt: skip
+        return out
     if rows <= INT4_GEMV_MAX_ROWS:
         # The GEMVs load 16-bit inputs as 4-byte pairs: rows at an odd element are copied.
         x = x.contiguous() if x.data_ptr() % 4 == 0 else x.clone()

@@ -1,5 +1,6 @@
 """Compressed linears on CUDA (Triton GEMVs for 1-2 rows of int8 and fp8 and 1-4 of int4,
-tensor-core kernels for up to 16 input rows, dequantize + cuBLAS beyond) against x @ W.T
+int4 on mma.sync for 2-8 bf16 rows, tensor-core kernels for up to 16 input rows,
+dequantize + cuBLAS beyond) against x @ W.T
 with W dequantized from the same compressed tensors in float32; and dense_matmul (the same
 GEMV on bf16 weights) against the float32 product."""
 
@@ -58,7 +59,7 @@ def test_int8_matmul_matches_its_dequantized_weight(n, k, rows, group):
 
 
 @pytest.mark.parametrize("n,k", [*SHAPES, (1001, 896)])  # 896: 7 groups, a partial step
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 9, 16])
 @pytest.mark.parametrize("group,scale_dtype", [(128, torch.float16), (32, torch.float32)])
 def test_int4_matmul_matches_its_dequantized_weight(n, k, rows, group, scale_dtype):
     q, scales, mins = formats.quantize_int4(weight(n, k), group, scale_dtype)
@@ -70,9 +71,10 @@ def test_int4_matmul_matches_its_dequantized_weight(n, k, rows, group, scale_dty
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_int4_gemv_reads_each_input_dtype_and_an_unaligned_row(dtype, rows):
+def test_int4_matmul_reads_each_input_dtype_and_an_unaligned_row(dtype, rows):
     """The GEMVs load 16-bit inputs two at a time: fp16 widens differently from bf16, fp32
-    loads singly, and rows starting at an odd element are copied before they are read."""
+    loads singly; the mma.sync kernel (bf16, three rows) loads 16 bytes at a time; rows
+    starting at an odd element are copied before they are read."""
     n, k = 1000, 896
     q, scales, mins = formats.quantize_int4(weight(n, k), 128)
     module = Int4Linear(q, scales, mins, None)
@@ -182,6 +184,31 @@ def test_every_int4_gemv_rows_configuration_matches_and_repeats_bit_for_bit(conf
             module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
             GROUP=group, HAS_BIAS=True, ROWS=triton.next_power_of_2(rows), **config.kwargs,
             num_warps=config.num_warps, **launch_options(CUDA),
+        )  # fmt: skip
+        assert (out[rows] == 7.0).all()  # the row past the inputs is left alone
+        return out[:rows]
+
+    matches_and_repeats(run, x, int4_on_card(q, module), module.bias)
+
+
+@pytest.mark.parametrize("config", tm._INT4_MMA_CONFIGS, ids=str)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_every_int4_mma_configuration_matches_and_repeats_bit_for_bit(config, rows):
+    """The int4 kernel on mma.sync in each configuration the autotuner may pick: up to 8
+    input rows, 3001 outputs (the last tile part past N), 7 groups of 128 (not a multiple
+    of any warp count: some warps' last groups are past K)."""
+    n, k = 3001, 896
+    q, scales, mins = formats.quantize_int4(weight(n, k), 128)
+    module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+
+    def run() -> torch.Tensor:
+        out = torch.full((rows + 1, n), 7.0, device=CUDA, dtype=torch.bfloat16)
+        tm._int4_mma_kernel[(triton.cdiv(n, 16),)](
+            x, module.packed, module.scale_mins, module.bias, out, rows, n, x.stride(0),
+            module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
+            HAS_BIAS=True, **config.kwargs, num_warps=config.num_warps,
+            **launch_options(CUDA),
         )  # fmt: skip
         assert (out[rows] == 7.0).all()  # the row past the inputs is left alone
         return out[:rows]
