@@ -1,5 +1,5 @@
 """Bytes per second of the CUDA tensor-core matmuls over compressed weights
-(triton_matmul._int4_dot_kernel and _fp8_dot_kernel) for each tile configuration, at
+(triton_matmul.int4_dot_kernel and _fp8_dot_kernel) for each tile configuration, at
 Qwen3-8B's projection shapes and the output head: what the autotuner chooses among, so
 the list it gets can be the configurations that win somewhere.
 
@@ -16,7 +16,7 @@ import triton
 from gemv_bandwidth import ROTATED_BYTES, graph_ms
 
 from kamado.pdl import launch_options
-from kamado.surgery import formats
+from kamado.surgery import formats, int4_tensor_cores
 from kamado.surgery import triton_matmul as tm
 from kamado.surgery.qlinear import Int4Linear
 
@@ -51,7 +51,7 @@ def int4_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[...
     n, rows, k = out.shape[1], x.shape[0], x.shape[1]
 
     def call(words: torch.Tensor, scale_mins: torch.Tensor) -> None:
-        tm._int4_dot_kernel[(triton.cdiv(n, bn), split)](
+        int4_tensor_cores.int4_dot_kernel[(triton.cdiv(n, bn), split)](
             x, words, scale_mins, x, out, *tm.split_buffers(x.device), rows, n, x.stride(0),
             words.stride(0), scale_mins.stride(0), out.stride(0), K=k, GROUP=128,
             HAS_BIAS=False, BLOCK_N=bn, BLOCK_M=16, GROUPS_PER_STEP=g, SWAP=swap,

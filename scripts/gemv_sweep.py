@@ -1,7 +1,7 @@
 """Bytes per second of the CUDA int8/fp8 GEMV (triton_matmul._rowwise_kernel, a scale per
-row), of the int4 GEMVs (_int4_gemv_kernel for one input row, _int4_gemv_rows_kernel
+row), of the int4 GEMVs (int4_gemv_kernel for one input row, int4_gemv_rows_kernel
 for two to four; group 128) and of the int4 kernel on mma.sync (FORMAT int4-mma,
-_int4_mma_kernel) for each tile configuration, at
+int4_mma_kernel) for each tile configuration, at
 Qwen3-8B's projection shapes: what the autotuner chooses among, so the list it gets can be
 the configurations that win somewhere. bf16 weights (no scales:
 triton_matmul.dense_matmul) run beside cuBLAS, whose figure for the shape is printed
@@ -22,7 +22,7 @@ from dot_sweep import tb_per_s as all_bytes_per_s
 from gemv_bandwidth import ROTATED_BYTES, graph_ms
 
 from kamado.pdl import launch_options
-from kamado.surgery import formats
+from kamado.surgery import formats, int4_gemv, int4_tensor_cores
 from kamado.surgery import triton_matmul as tm
 
 SHAPES = [(6144, 4096), (4096, 4096), (4096, 12288), (24576, 4096), (151936, 4096)]
@@ -40,7 +40,7 @@ INT4_CONFIGS = [
     (4, 32, 4), (8, 32, 4), (8, 16, 4), (8, 16, 2), (4, 8, 1), (8, 8, 2), (8, 8, 1),
     (16, 8, 4), (4, 4, 1), (8, 4, 1), (16, 4, 2), (16, 4, 4), (32, 4, 4),
 ]  # fmt: skip
-# int4 on mma.sync (_int4_mma_kernel), up to 8 rows: (num_warps,)
+# int4 on mma.sync (int4_mma_kernel), up to 8 rows: (num_warps,)
 INT4_MMA_CONFIGS = [(1,), (2,), (4,), (8,), (16,)]
 # int4, two to four rows: (GROUPS_PER_STEP, num_warps)
 INT4_ROWS_CONFIGS = [
@@ -81,13 +81,13 @@ def int4_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tenso
         tensors = x, words, scale_mins, x, out
         if rows == 1:
             bn, groups, warps = config
-            tm._int4_gemv_kernel[(triton.cdiv(n, bn), rows)](
+            int4_gemv.int4_gemv_kernel[(triton.cdiv(n, bn), rows)](
                 *tensors, n, *strides, K=k, GROUP=128, HAS_BIAS=False, BLOCK_N=bn,
                 GROUPS_PER_STEP=groups, num_warps=warps, **options,
             )  # fmt: skip
         else:
             groups, warps = config
-            tm._int4_gemv_rows_kernel[(triton.cdiv(n, 4),)](
+            int4_gemv.int4_gemv_rows_kernel[(triton.cdiv(n, 4),)](
                 *tensors, rows, n, *strides, K=k, GROUP=128, HAS_BIAS=False,
                 GROUPS_PER_STEP=groups, ROWS=triton.next_power_of_2(rows), num_warps=warps,
                 **options,
@@ -104,7 +104,7 @@ def int4_mma_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.T
     out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
 
     def call(words: torch.Tensor, scale_mins: torch.Tensor) -> None:
-        tm._int4_mma_kernel[(triton.cdiv(n, 16),)](
+        int4_tensor_cores.int4_mma_kernel[(triton.cdiv(n, 16),)](
             x, words, scale_mins, x, out, rows, n, x.stride(0), words.stride(0),
             scale_mins.stride(0), out.stride(0), K=k, HAS_BIAS=False, WARPS=warps,
             num_warps=warps, **options,

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from kamado.pdl import launch_options  # noqa: E402
-from kamado.surgery import formats  # noqa: E402
+from kamado.surgery import formats, int4_gemv, int4_tensor_cores  # noqa: E402
 from kamado.surgery import triton_matmul as tm  # noqa: E402
 from kamado.surgery.qlinear import Fp8Linear, Int4Linear, Int8Linear  # noqa: E402
 
@@ -131,7 +131,7 @@ def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
         out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
         meta = dict(config.kwargs)
         grid = (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
-        tm._int4_dot_kernel[grid](
+        int4_tensor_cores.int4_dot_kernel[grid](
             x, module.packed, module.scale_mins, module.bias, out, *tm.split_buffers(x.device),
             rows, n, x.stride(0), module.packed.stride(0), module.scale_mins.stride(0),
             out.stride(0), K=k, GROUP=128, HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta,
@@ -154,7 +154,7 @@ def test_every_int4_gemv_configuration_matches_and_repeats_bit_for_bit(config, g
 
     def run() -> torch.Tensor:
         out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
-        tm._int4_gemv_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]), rows)](
+        int4_gemv.int4_gemv_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]), rows)](
             x, module.packed, module.scale_mins, module.bias, out, n, x.stride(0),
             module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
             GROUP=group, HAS_BIAS=True, **config.kwargs, num_warps=config.num_warps,
@@ -179,7 +179,7 @@ def test_every_int4_gemv_rows_configuration_matches_and_repeats_bit_for_bit(conf
 
     def run() -> torch.Tensor:
         out = torch.full((rows + 1, n), 7.0, device=CUDA, dtype=torch.bfloat16)
-        tm._int4_gemv_rows_kernel[(triton.cdiv(n, 4),)](
+        int4_gemv.int4_gemv_rows_kernel[(triton.cdiv(n, 4),)](
             x, module.packed, module.scale_mins, module.bias, out, rows, n, x.stride(0),
             module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
             GROUP=group, HAS_BIAS=True, ROWS=triton.next_power_of_2(rows), **config.kwargs,
@@ -204,7 +204,7 @@ def test_every_int4_mma_configuration_matches_and_repeats_bit_for_bit(config, ro
 
     def run() -> torch.Tensor:
         out = torch.full((rows + 1, n), 7.0, device=CUDA, dtype=torch.bfloat16)
-        tm._int4_mma_kernel[(triton.cdiv(n, 16),)](
+        int4_tensor_cores.int4_mma_kernel[(triton.cdiv(n, 16),)](
             x, module.packed, module.scale_mins, module.bias, out, rows, n, x.stride(0),
             module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
             HAS_BIAS=True, **config.kwargs, num_warps=config.num_warps,

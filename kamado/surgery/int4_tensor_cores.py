@@ -1,0 +1,293 @@
+"""int4 matmuls on tensor cores (Triton): mma.sync for two to eight bf16 input rows, with
+each thread loading its fragments' words itself, and tiles for up to 16 rows, widened in
+registers for tl.dot. Both widen words to bf16 by a bit trick in inline PTX. Dispatch and
+tuning: kamado.surgery.triton_matmul."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kamado.pdl import let_next_start, wait_for_inputs
+from kamado.surgery.kernel_epilogues import store_tile, sum_splits
+
+
+def _int4_word_as_bf16_asm(word: str, scale: str, low: str) -> str:
+    """PTX taking one word and its group's scale and min, giving the word's eight weights
+    as four bf16 pairs. Pair t is nibbles t and t + 4 (where formats.pack_int4 puts the
+    word's elements 2t and 2t + 1): shifted right 4t, masked and ORed into 0x4300 (bf16's
+    128.0, whose low mantissa bits are zero) it reads 128 + q exactly; less 128 it is q,
+    and one fma makes q * scale + min, rounded once to bf16. `word` names the word's
+    operand, `scale` and `low` those of the scale and min, each a bf16 pair; $0..$3 are
+    the pairs out."""
+    lines = ["{", ".reg .b32 t, q, one, low;", "mov.b32 one, 0x3F803F80;"]
+    lines.append("mov.b32 low, 0xC300C300;")
+    for t in range(4):
+        if t:
+            lines.append(f"shr.u32 t, {word}, {4 * t};")
+        lines += [
+            f"lop3.b32 q, {'t' if t else word}, 0x000F000F, 0x43004300, 0xea;",
+            "fma.rn.bf16x2 q, q, one, low;",
+            f"fma.rn.bf16x2 ${t}, q, {scale}, {low};",
+        ]
+    return "\n".join(["", *lines, "}", ""])
+
+
+# In _int4_weights each operand comes eight times (pack=8): the first copy of each.
+_INT4_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm("$4", "$12", "$16"))
+
+
+_INT4_ONE_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm("$4", "$5", "$6"))
+
+
+# D = A @ B + C on a warp's tensor cores: A 16 x 16 bf16 (four bf16 pairs a thread), B
+# 16 x 8 bf16 (two pairs), C and D 16 x 8 float32 (four a thread); PTX ISA, "Matrix
+# Fragments for mma.m16n8k16", gives which thread holds which values.
+_MMA_16X8X16 = tl.constexpr(
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+)
+
+
+@triton.jit
+def _eight_copies(t):
+    """[R, W] -> [R, W, 8], each value repeated along the new last axis (in registers)."""
+    t2 = tl.join(t, t)
+    return tl.join(tl.join(t2, t2), tl.join(t2, t2))
+
+
+@triton.jit
+def _int4_weights(words, scale, low):
+    """int32 words [R, W] (formats.pack_int4) of one group, and that group's scale and min
+    [R] -> bf16 weights [R, 8W], word by word: column 8j + e is word j's element e (the
+    inputs, reordered so, are _in_word_order).
+
+    The asm sees each word eight times (the joins) and uses one copy, so one call fills a
+    thread's eight consecutive values, already paired as the tensor cores read them."""
+    shape: tl.constexpr = [words.shape[0], words.shape[1]]
+    values = tl.inline_asm_elementwise(
+        _INT4_WORD_AS_BF16, "=r,=r,=r,=r" + ",r" * 16,
+        [_eight_copies(words), _eight_copies(tl.broadcast_to(scale[:, None], shape)),
+         _eight_copies(tl.broadcast_to(low[:, None], shape))],
+        dtype=tl.bfloat16, is_pure=True, pack=8,
+    )  # fmt: skip
+    return tl.reshape(values, [words.shape[0], words.shape[1] * 8])
+
+
+@triton.jit
+def _in_word_order(x):
+    """Inputs [M, GROUP] -> the same, reordered as _int4_weights' columns: column
+    8j + 2p + b is input p * GROUP / 4 + 2j + b (formats.pack_int4)."""
+    m: tl.constexpr = x.shape[0]
+    group: tl.constexpr = x.shape[1]
+    pairs = tl.permute(tl.reshape(x, [m, 4, group // 8, 2]), (0, 2, 1, 3))
+    return tl.reshape(pairs, [m, group])
+
+
+@triton.jit
+def _bf16_pairs(word, sm):
+    """A word's eight weights as four bf16 pairs (_int4_word_as_bf16_asm), from the word
+    and its group's scale and min (one int32: the scale in the low half)."""
+    scale = (sm & 0xFFFF) | (sm << 16)
+    low = ((sm >> 16) & 0xFFFF) | (sm & -65536)
+    return tl.inline_asm_elementwise(
+        _INT4_ONE_WORD_AS_BF16, "=r,=r,=r,=r,r,r,r", [word, scale, low],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return tl.inline_asm_elementwise(
+        _MMA_16X8X16, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_mma_part(out_ptr, b_ptr, d, rows, n, M, N, stride_om, HAS_BIAS: tl.constexpr):
+    """Store one of a thread's four D values: output row `rows` of input row `n`."""
+    if HAS_BIAS:
+        d += tl.load(b_ptr + tl.minimum(rows, N - 1)).to(tl.float32)
+    mask = (n < M) & (rows < N)
+    tl.store(out_ptr + n * stride_om + rows, d.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# A 16-byte load in one instruction: Triton splits loads whose pointers it cannot prove
+# contiguous, and here each thread's four words must stay in that thread.
+_LOAD_16_BYTES = tl.constexpr("ld.global.v4.b32 {$0, $1, $2, $3}, [$4];")
+
+
+@triton.jit
+def _four_words(address):
+    """The four int32 at each byte address (int64, 16-byte aligned) in `address`."""
+    return tl.inline_asm_elementwise(
+        _LOAD_16_BYTES, "=r,=r,=r,=r,l", [address],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _group_loads(w_lo, w_hi, sm_lo, sm_hi, x_pairs, group, NUM_GROUPS: tl.constexpr):
+    """What int4_mma_kernel's threads use of one group each (`group`, [threads], clamped
+    to the last one: what lies past it is multiplied by zeros): their four words of the
+    two weight rows, the rows' scale and min, and for each of the words' four pairs their
+    four input pairs. w_lo, w_hi and x_pairs are byte addresses of group 0's."""
+    at = tl.minimum(group, NUM_GROUPS - 1)
+    wl0, wl1, wl2, wl3 = _four_words(w_lo + at * 64)
+    wh0, wh1, wh2, wh3 = _four_words(w_hi + at * 64)
+    xa0, xa1, xa2, xa3 = _four_words(x_pairs + at * 256)
+    xb0, xb1, xb2, xb3 = _four_words(x_pairs + at * 256 + 64)
+    xc0, xc1, xc2, xc3 = _four_words(x_pairs + at * 256 + 128)
+    xd0, xd1, xd2, xd3 = _four_words(x_pairs + at * 256 + 192)
+    return (
+        wl0, wl1, wl2, wl3, wh0, wh1, wh2, wh3, tl.load(sm_lo + at), tl.load(sm_hi + at),
+        xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3, xc0, xc1, xc2, xc3, xd0, xd1, xd2, xd3,
+    )  # fmt: skip
+
+
+@triton.jit
+def _word_mmas(c0, c1, c2, c3, w_lo, w_hi, s_lo, s_hi, xa, xb, xc, xd, real):
+    """A word of each of the two weight rows times its inputs, added to the sums: two
+    MMAs, the first for the words' pairs 0 and 1, the second for 2 and 3."""
+    lo0, lo1, lo2, lo3 = _bf16_pairs(w_lo, s_lo)
+    hi0, hi1, hi2, hi3 = _bf16_pairs(w_hi, s_hi)
+    c0, c1, c2, c3 = _mma(
+        lo0, hi0, lo1, hi1, tl.where(real, xa, 0), tl.where(real, xb, 0), c0, c1, c2, c3
+    )
+    return _mma(lo2, hi2, lo3, hi3, tl.where(real, xc, 0), tl.where(real, xd, 0), c0, c1, c2, c3)
+
+
+@triton.jit
+def int4_mma_kernel(
+    x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, WARPS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """out[:M, rows] = x @ w[rows].T for up to 8 bf16 input rows, groups of 128, on the
+    tensor cores through mma.sync: w = q * scale + min made in bf16 in registers (the
+    bf16 weights the wider path multiplies too), products summed in float32. x's rows
+    start 16-byte aligned.
+
+    Each program has 16 weight rows, one MMA tile's, and its WARPS warps take turns over
+    the groups, each loading its next group before using this one. Tensors here are one
+    value a thread ([32 * WARPS], thread i holding value i), so each thread holds what
+    the PTX fragments give it: lane l = 4 g + t holds words 4t .. 4t + 3 of each group's
+    16 in weight rows g and g + 8, as A, and of input row g the inputs those words
+    multiply, as B. A word's pairs p = 0..3 multiply inputs 32 p + 2j (formats.pack_int4),
+    so each word fills the same A fragment columns of two MMAs, and B needs no
+    reordering: the bf16 pairs load as they lie. Input rows past M are zeros."""
+    let_next_start(PDL)
+    NUM_GROUPS: tl.constexpr = K // 128
+    threads = tl.arange(0, 32 * WARPS)
+    lane = threads % 32
+    warp = threads // 32
+    g = lane // 4
+    t = lane % 4
+    row_lo = tl.program_id(0) * 16 + g
+    w_bytes = w_ptr.to(tl.int64) + 16 * t
+    w_lo = w_bytes + tl.minimum(row_lo, N - 1).to(tl.int64) * stride_wn * 4
+    w_hi = w_bytes + tl.minimum(row_lo + 8, N - 1).to(tl.int64) * stride_wn * 4
+    sm_words = sm_ptr.to(tl.pointer_type(tl.int32))  # a group's scale and min in one int32
+    sm_lo = sm_words + tl.minimum(row_lo, N - 1).to(tl.int64) * (stride_sn // 2)
+    sm_hi = sm_words + tl.minimum(row_lo + 8, N - 1).to(tl.int64) * (stride_sn // 2)
+    x_pairs = x_ptr.to(tl.int64) + tl.minimum(g, M - 1).to(tl.int64) * stride_xm * 2 + 16 * t
+    c0 = tl.zeros([32 * WARPS], tl.float32)
+    c1 = tl.zeros([32 * WARPS], tl.float32)
+    c2 = tl.zeros([32 * WARPS], tl.float32)
+    c3 = tl.zeros([32 * WARPS], tl.float32)
+    wait_for_inputs(PDL)
+    (wl0, wl1, wl2, wl3, wh0, wh1, wh2, wh3, s_lo, s_hi, xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3,
+     xc0, xc1, xc2, xc3, xd0, xd1, xd2, xd3) = _group_loads(
+        w_lo, w_hi, sm_lo, sm_hi, x_pairs, warp, NUM_GROUPS
+    )  # fmt: skip
+    for g0 in range(0, NUM_GROUPS, WARPS):
+        real = (g < M) & (g0 + warp < NUM_GROUPS)
+        (nl0, nl1, nl2, nl3, nh0, nh1, nh2, nh3, n_lo, n_hi, ya0, ya1, ya2, ya3, yb0, yb1,
+         yb2, yb3, yc0, yc1, yc2, yc3, yd0, yd1, yd2, yd3) = _group_loads(
+            w_lo, w_hi, sm_lo, sm_hi, x_pairs, g0 + WARPS + warp, NUM_GROUPS
+        )  # fmt: skip
+        c0, c1, c2, c3 = _word_mmas(c0, c1, c2, c3, wl0, wh0, s_lo, s_hi, xa0, xb0, xc0, xd0, real)
+        c0, c1, c2, c3 = _word_mmas(c0, c1, c2, c3, wl1, wh1, s_lo, s_hi, xa1, xb1, xc1, xd1, real)
+        c0, c1, c2, c3 = _word_mmas(c0, c1, c2, c3, wl2, wh2, s_lo, s_hi, xa2, xb2, xc2, xd2, real)
+        c0, c1, c2, c3 = _word_mmas(c0, c1, c2, c3, wl3, wh3, s_lo, s_hi, xa3, xb3, xc3, xd3, real)
+        (wl0, wl1, wl2, wl3, wh0, wh1, wh2, wh3, s_lo, s_hi, xa0, xa1, xa2, xa3, xb0, xb1, xb2,
+         xb3, xc0, xc1, xc2, xc3, xd0, xd1, xd2, xd3) = (
+            nl0, nl1, nl2, nl3, nh0, nh1, nh2, nh3, n_lo, n_hi, ya0, ya1, ya2, ya3, yb0, yb1,
+            yb2, yb3, yc0, yc1, yc2, yc3, yd0, yd1, yd2, yd3,
+        )  # fmt: skip
+    # Each warp's sums, added across warps: thread l then holds D rows g, g + 8 and
+    # columns (input rows) 2t, 2t + 1.
+    c0 = tl.sum(tl.reshape(c0, [WARPS, 32]), axis=0)
+    c1 = tl.sum(tl.reshape(c1, [WARPS, 32]), axis=0)
+    c2 = tl.sum(tl.reshape(c2, [WARPS, 32]), axis=0)
+    c3 = tl.sum(tl.reshape(c3, [WARPS, 32]), axis=0)
+    lanes = tl.arange(0, 32)
+    rows = tl.program_id(0) * 16 + lanes // 4
+    n = 2 * (lanes % 4)
+    _store_mma_part(out_ptr, b_ptr, c0, rows, n, M, N, stride_om, HAS_BIAS)
+    _store_mma_part(out_ptr, b_ptr, c1, rows, n + 1, M, N, stride_om, HAS_BIAS)
+    _store_mma_part(out_ptr, b_ptr, c2, rows + 8, n, M, N, stride_om, HAS_BIAS)
+    _store_mma_part(out_ptr, b_ptr, c3, rows + 8, n + 1, M, N, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def int4_dot_kernel(
+    x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, M, N, stride_xm, stride_wn,
+    stride_sn, stride_om, K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS_PER_STEP: tl.constexpr,
+    SWAP: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """out[:M, rows] = x @ w[rows].T on tensor cores, w = q * scale + min made in bf16 in
+    registers (the bf16 weights the wider path multiplies too); products accumulate in
+    float32 and input rows past M are zeros.
+
+    - GROUPS_PER_STEP groups are unrolled per loop step so their loads are in flight
+      together, and each step's scales and mins (sm, bf16 [N, groups, 2]) are read one
+      step ahead.
+    - SWAP puts the weights on the left of the product, where Hopper's tensor cores read
+      them from registers.
+    - SPLIT_K programs share a tile's groups, so that a matrix of few rows still gives
+      every multiprocessor several programs (see sum_splits).
+    - The first scales and mins are read before waiting for x (kamado.pdl)."""
+    let_next_start(PDL)
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
+    ms = tl.arange(0, BLOCK_M)
+    WORDS: tl.constexpr = GROUP // 8
+    NUM_GROUPS: tl.constexpr = K // GROUP
+    SPLIT_GROUPS: tl.constexpr = (NUM_GROUPS + SPLIT_K - 1) // SPLIT_K
+    first = split * SPLIT_GROUPS
+    end = tl.minimum(first + SPLIT_GROUPS, NUM_GROUPS)
+    w_base = w_ptr + rows64[:, None] * stride_wn + tl.arange(0, WORDS)[None, :]
+    x_base = x_ptr + ms[:, None] * stride_xm + tl.arange(0, GROUP)[None, :]
+    cols = tl.arange(0, 2 * GROUPS_PER_STEP)  # scale, min, scale, min, ... of a step
+    sm_ptrs = sm_ptr + rows64[:, None] * stride_sn + 2 * first + cols[None, :]
+    sm_next = tl.load(sm_ptrs, mask=2 * first + cols[None, :] < 2 * end, other=0.0)
+    wait_for_inputs(PDL)
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
+    for g0 in range(first, end, GROUPS_PER_STEP):
+        sm = sm_next.to(tl.float32)
+        sm_ptrs += 2 * GROUPS_PER_STEP
+        later = 2 * (g0 + GROUPS_PER_STEP) + cols[None, :] < 2 * end
+        sm_next = tl.load(sm_ptrs, mask=later, other=0.0)
+        for t in tl.static_range(GROUPS_PER_STEP):
+            g = g0 + t
+            ok = g < end  # False only in a last, partial step
+            words = tl.load(w_base + g * WORDS, mask=ok, other=0)
+            x = _in_word_order(tl.load(x_base + g * GROUP, mask=(ms < M)[:, None] & ok, other=0.0))
+            scale = tl.sum(tl.where(cols[None, :] == 2 * t, sm, 0.0), axis=1)
+            low = tl.sum(tl.where(cols[None, :] == 2 * t + 1, sm, 0.0), axis=1)
+            w = _int4_weights(words, scale.to(tl.bfloat16), low.to(tl.bfloat16))
+            acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
+    if SWAP:
+        acc = tl.trans(acc)
+    last = True
+    if SPLIT_K > 1:
+        elems = ms[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        acc, last = sum_splits(
+            acc, elems, partial_ptr, arrived_ptr, tile, split, BLOCK_M * BLOCK_N, SPLIT_K
+        )
+    if last:
+        store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
