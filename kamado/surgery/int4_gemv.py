@@ -224,6 +224,14 @@ def int4_gemv_kernel(
 
 
 @triton.jit
+def _row_start(w_ptr, sm_ptr, row, N, stride_wn, stride_sn):
+    """Pointers to a weight row's first word and first scale (rows past N clamped to the
+    last one: read, never stored)."""
+    row64 = tl.minimum(row, N - 1).to(tl.int64)
+    return w_ptr + row64 * stride_wn, sm_ptr + row64 * stride_sn
+
+
+@triton.jit
 def _four_rows(row0, row1, row2, row3, at, mask):
     """What lies `at` ([groups, words] or [groups] offsets) past each of four row
     pointers, as one tensor with two more axes, each thread holding all four rows' values
@@ -271,14 +279,10 @@ def int4_gemv_rows_kernel(
     WORDS: tl.constexpr = GROUP // 8
     NUM_GROUPS: tl.constexpr = K // GROUP
     first = tl.program_id(0) * 4
-    w0 = w_ptr + tl.minimum(first, N - 1).to(tl.int64) * stride_wn
-    w1 = w_ptr + tl.minimum(first + 1, N - 1).to(tl.int64) * stride_wn
-    w2 = w_ptr + tl.minimum(first + 2, N - 1).to(tl.int64) * stride_wn
-    w3 = w_ptr + tl.minimum(first + 3, N - 1).to(tl.int64) * stride_wn
-    s0 = sm_ptr + tl.minimum(first, N - 1).to(tl.int64) * stride_sn
-    s1 = sm_ptr + tl.minimum(first + 1, N - 1).to(tl.int64) * stride_sn
-    s2 = sm_ptr + tl.minimum(first + 2, N - 1).to(tl.int64) * stride_sn
-    s3 = sm_ptr + tl.minimum(first + 3, N - 1).to(tl.int64) * stride_sn
+    w0, s0 = _row_start(w_ptr, sm_ptr, first, N, stride_wn, stride_sn)
+    w1, s1 = _row_start(w_ptr, sm_ptr, first + 1, N, stride_wn, stride_sn)
+    w2, s2 = _row_start(w_ptr, sm_ptr, first + 2, N, stride_wn, stride_sn)
+    w3, s3 = _row_start(w_ptr, sm_ptr, first + 3, N, stride_wn, stride_sn)
     gs = tl.arange(0, GROUPS_PER_STEP)
     words_at = gs[:, None] * WORDS + tl.arange(0, WORDS)[None, :]  # [groups, words] of a step
     x_a = x_ptr

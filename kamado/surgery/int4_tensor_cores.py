@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kamado.pdl import let_next_start, wait_for_inputs
-from kamado.surgery.kernel_epilogues import store_tile, sum_splits
+from kamado.surgery.kernel_epilogues import store_tile, tile_sum
 
 
 def _int4_word_as_bf16_asm(word: str, scale: str, low: str) -> str:
@@ -184,12 +184,14 @@ def int4_mma_kernel(
     g = lane // 4
     t = lane % 4
     row_lo = tl.program_id(0) * 16 + g
+    lo64 = tl.minimum(row_lo, N - 1).to(tl.int64)  # rows past N: read, never stored
+    hi64 = tl.minimum(row_lo + 8, N - 1).to(tl.int64)
     w_bytes = w_ptr.to(tl.int64) + 16 * t
-    w_lo = w_bytes + tl.minimum(row_lo, N - 1).to(tl.int64) * stride_wn * 4
-    w_hi = w_bytes + tl.minimum(row_lo + 8, N - 1).to(tl.int64) * stride_wn * 4
+    w_lo = w_bytes + lo64 * stride_wn * 4
+    w_hi = w_bytes + hi64 * stride_wn * 4
     sm_words = sm_ptr.to(tl.pointer_type(tl.int32))  # a group's scale and min in one int32
-    sm_lo = sm_words + tl.minimum(row_lo, N - 1).to(tl.int64) * (stride_sn // 2)
-    sm_hi = sm_words + tl.minimum(row_lo + 8, N - 1).to(tl.int64) * (stride_sn // 2)
+    sm_lo = sm_words + lo64 * (stride_sn // 2)
+    sm_hi = sm_words + hi64 * (stride_sn // 2)
     x_pairs = x_ptr.to(tl.int64) + tl.minimum(g, M - 1).to(tl.int64) * stride_xm * 2 + 16 * t
     c0 = tl.zeros([32 * WARPS], tl.float32)
     c1 = tl.zeros([32 * WARPS], tl.float32)
@@ -281,13 +283,8 @@ def int4_dot_kernel(
             low = tl.sum(tl.where(cols[None, :] == 2 * t + 1, sm, 0.0), axis=1)
             w = _int4_weights(words, scale.to(tl.bfloat16), low.to(tl.bfloat16))
             acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
-    if SWAP:
-        acc = tl.trans(acc)
-    last = True
-    if SPLIT_K > 1:
-        elems = ms[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        acc, last = sum_splits(
-            acc, elems, partial_ptr, arrived_ptr, tile, split, BLOCK_M * BLOCK_N, SPLIT_K
-        )
+    acc, last = tile_sum(
+        acc, ms, partial_ptr, arrived_ptr, tile, split, BLOCK_N, BLOCK_M, SWAP, SPLIT_K
+    )
     if last:
         store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)

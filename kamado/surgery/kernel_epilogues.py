@@ -48,3 +48,23 @@ def store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS:
     mask = (ms < M)[:, None] & (rows < N)[None, :]
     out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + ms[:, None] * stride_om + rows[None, :], out, mask=mask)
+
+
+@triton.jit
+def tile_sum(
+    acc, ms, partial_ptr, arrived_ptr, tile, split, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, SWAP: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    """A tensor-core kernel's float32 products as [BLOCK_M, BLOCK_N] (transposed back
+    where SWAP put the weights on the left of the product), added over its SPLIT_K
+    programs (sum_splits). Returns (the tile, whether this program is the one to store
+    it)."""
+    if SWAP:
+        acc = tl.trans(acc)
+    last = True
+    if SPLIT_K > 1:
+        elems = ms[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        acc, last = sum_splits(
+            acc, elems, partial_ptr, arrived_ptr, tile, split, BLOCK_M * BLOCK_N, SPLIT_K
+        )
+    return acc, last

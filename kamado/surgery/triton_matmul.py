@@ -36,7 +36,7 @@ from kamado.pdl import launch_options, let_next_start, wait_for_inputs
 from kamado.surgery.formats import unpack_int4
 from kamado.surgery.int4_gemv import int4_gemv_kernel, int4_gemv_rows_kernel
 from kamado.surgery.int4_tensor_cores import int4_dot_kernel, int4_mma_kernel
-from kamado.surgery.kernel_epilogues import store_row, store_tile, sum_splits
+from kamado.surgery.kernel_epilogues import store_row, store_tile, sum_splits, tile_sum
 
 GEMV_MAX_ROWS = 2
 # int4's GEMV for two to four input rows reads and widens each word once for all of them,
@@ -276,14 +276,9 @@ def _fp8_dot_kernel(
         acc = tl.dot(w16, tl.trans(x16), acc) if SWAP else tl.dot(x16, tl.trans(w16), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if SWAP:
-        acc = tl.trans(acc)
-    last = True
-    if SPLIT_K > 1:
-        elems = ms[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        acc, last = sum_splits(
-            acc, elems, partial_ptr, arrived_ptr, tile, split, BLOCK_M * BLOCK_N, SPLIT_K
-        )
+    acc, last = tile_sum(
+        acc, ms, partial_ptr, arrived_ptr, tile, split, BLOCK_N, BLOCK_M, SWAP, SPLIT_K
+    )
     if last:
         acc *= tl.load(s_ptr + rows64).to(tl.float32)[None, :]
         store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
@@ -415,6 +410,14 @@ def int8_matmul(
     return F.linear(x, w, bias)
 
 
+def _rows_aligned(x: torch.Tensor, alignment: int) -> torch.Tensor:
+    """x contiguous, copied where its first row does not start at a multiple of
+    `alignment` bytes (a view at an odd element, say); its other rows follow, as K is a
+    multiple of the group."""
+    x = x.contiguous()
+    return x if x.data_ptr() % alignment == 0 else x.clone()
+
+
 def int4_matmul(
     x: torch.Tensor,
     words: torch.Tensor,  # formats.pack_int4's layout
@@ -426,8 +429,7 @@ def int4_matmul(
     rows = x.shape[0]
     group = k // groups
     if 2 <= rows <= INT4_MMA_MAX_ROWS and x.dtype == torch.bfloat16 and group == 128:
-        x = x.contiguous()
-        x = x if x.data_ptr() % 16 == 0 else x.clone()  # its rows load 16 bytes at a time
+        x = _rows_aligned(x, 16)  # its rows load 16 bytes at a time
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _int4_mma_tuned(rows)[(triton.cdiv(n, 16),)](
             x, words, scale_mins, _optional_arg(x, bias), out, rows, n, x.stride(0),
@@ -436,12 +438,11 @@ def int4_matmul(
         )  # fmt: skip
         return out
     if rows <= INT4_GEMV_MAX_ROWS:
-        # The GEMVs load 16-bit inputs as 4-byte pairs: rows at an odd element are copied.
-        x = x.contiguous() if x.data_ptr() % 4 == 0 else x.clone()
+        x = _rows_aligned(x, 4)  # the GEMVs load 16-bit inputs as 4-byte pairs
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         tensors = x, words, scale_mins, _optional_arg(x, bias), out
         strides = x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0)
-        shape = {"K": k, "GROUP": k // groups, "HAS_BIAS": bias is not None}
+        shape = {"K": k, "GROUP": group, "HAS_BIAS": bias is not None}
         if rows == 1:
             _int4_gemv_tuned(rows)[_per_row_grid(n, rows)](
                 *tensors, n, *strides, **shape, **launch_options(x.device)
@@ -458,11 +459,11 @@ def int4_matmul(
         _int4_dot_tuned(rows)[_dot_grid(n)](
             x, words, scale_mins, _optional_arg(x, bias), out, *split_buffers(x.device), rows, n,
             x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0), K=k,
-            GROUP=k // groups, HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
+            GROUP=group, HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
             **launch_options(x.device),
         )  # fmt: skip
         return out
-    q = unpack_int4(words, k // groups).view(n, groups, -1).to(x.dtype)
+    q = unpack_int4(words, group).view(n, groups, -1).to(x.dtype)
     sm = scale_mins.to(x.dtype)
     w = q * sm[..., :1] + sm[..., 1:]
     return F.linear(x, w.view(n, k), bias)

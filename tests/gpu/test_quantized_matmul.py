@@ -6,6 +6,8 @@ GEMV on bf16 weights) against the float32 product."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -119,6 +121,17 @@ def matches_and_repeats(run, x: torch.Tensor, reference_w: torch.Tensor, bias: t
     assert torch.equal(first, second)
 
 
+def outputs_storing_no_padding(
+    launch: Callable[[torch.Tensor], None], rows: int, n: int
+) -> torch.Tensor:
+    """launch(out) into an output with a row more than the inputs: that row must stay as
+    it was (a kernel whose inputs are padded must not store the padding); the others."""
+    out = torch.full((rows + 1, n), 7.0, device=CUDA, dtype=torch.bfloat16)
+    launch(out)
+    assert (out[rows] == 7.0).all()
+    return out[:rows]
+
+
 @pytest.mark.parametrize("config", tm._INT4_DOT_CONFIGS, ids=str)
 def test_every_int4_tile_configuration_matches_and_repeats_bit_for_bit(config):
     """Each configuration the autotuner may pick, split-K ones included."""
@@ -177,16 +190,16 @@ def test_every_int4_gemv_rows_configuration_matches_and_repeats_bit_for_bit(conf
     module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
     x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
 
-    def run() -> torch.Tensor:
-        out = torch.full((rows + 1, n), 7.0, device=CUDA, dtype=torch.bfloat16)
+    def launch(out: torch.Tensor) -> None:
         int4_gemv.int4_gemv_rows_kernel[(triton.cdiv(n, 4),)](
             x, module.packed, module.scale_mins, module.bias, out, rows, n, x.stride(0),
             module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
             GROUP=group, HAS_BIAS=True, ROWS=triton.next_power_of_2(rows), **config.kwargs,
             num_warps=config.num_warps, **launch_options(CUDA),
         )  # fmt: skip
-        assert (out[rows] == 7.0).all()  # the row past the inputs is left alone
-        return out[:rows]
+
+    def run() -> torch.Tensor:
+        return outputs_storing_no_padding(launch, rows, n)
 
     matches_and_repeats(run, x, int4_on_card(q, module), module.bias)
 
@@ -202,16 +215,16 @@ def test_every_int4_mma_configuration_matches_and_repeats_bit_for_bit(config, ro
     module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
     x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
 
-    def run() -> torch.Tensor:
-        out = torch.full((rows + 1, n), 7.0, device=CUDA, dtype=torch.bfloat16)
+    def launch(out: torch.Tensor) -> None:
         int4_tensor_cores.int4_mma_kernel[(triton.cdiv(n, 16),)](
             x, module.packed, module.scale_mins, module.bias, out, rows, n, x.stride(0),
             module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
             HAS_BIAS=True, **config.kwargs, num_warps=config.num_warps,
             **launch_options(CUDA),
         )  # fmt: skip
-        assert (out[rows] == 7.0).all()  # the row past the inputs is left alone
-        return out[:rows]
+
+    def run() -> torch.Tensor:
+        return outputs_storing_no_padding(launch, rows, n)
 
     matches_and_repeats(run, x, int4_on_card(q, module), module.bias)
 
