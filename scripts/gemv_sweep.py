@@ -40,8 +40,8 @@ INT4_CONFIGS = [
     (4, 32, 4), (8, 32, 4), (8, 16, 4), (8, 16, 2), (4, 8, 1), (8, 8, 2), (8, 8, 1),
     (16, 8, 4), (4, 4, 1), (8, 4, 1), (16, 4, 2), (16, 4, 4), (32, 4, 4),
 ]  # fmt: skip
-# int4 on mma.sync (int4_mma_kernel), up to 8 rows: (num_warps,)
-INT4_MMA_CONFIGS = [(1,), (2,), (4,), (8,), (16,)]
+# int4 on mma.sync (int4_mma_kernel), up to 8 rows: (num_warps, STAGES)
+INT4_MMA_CONFIGS = [(2, 1), (4, 1), (8, 1), (8, 4)]
 # int4, two to four rows: (GROUPS_PER_STEP, num_warps)
 INT4_ROWS_CONFIGS = [
     (4, 1), (8, 1), (4, 2), (8, 2), (16, 2), (32, 2), (8, 4), (16, 4), (32, 4), (16, 8), (32, 8),
@@ -98,7 +98,7 @@ def int4_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tenso
 
 def int4_mma_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tensor) -> float:
     """As int4_tb_per_s, for the int4 kernel on mma.sync."""
-    (warps,) = config
+    warps, stages = config
     options = launch_options(x.device) if pdl else {"PDL": False}
     n, rows = copies[0][0].shape[0], x.shape[0]
     out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
@@ -107,7 +107,7 @@ def int4_mma_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.T
         int4_tensor_cores.int4_mma_kernel[(triton.cdiv(n, 16),)](
             x, words, scale_mins, x, out, rows, n, x.stride(0), words.stride(0),
             scale_mins.stride(0), out.stride(0), K=k, HAS_BIAS=False, WARPS=warps,
-            num_warps=warps, **options,
+            STAGES=stages, num_warps=warps, **options,
         )  # fmt: skip
 
     return all_bytes_per_s(call, copies)
@@ -135,7 +135,7 @@ def main() -> None:
         "int4": (int4_weights, int4_tb_per_s, INT4_CONFIGS, "(BLOCK_N, GROUPS_PER_STEP, warps)")
         if rows == 1
         else (int4_weights, int4_tb_per_s, INT4_ROWS_CONFIGS, "(GROUPS_PER_STEP, warps)"),
-        "int4-mma": (int4_weights, int4_mma_tb_per_s, INT4_MMA_CONFIGS, "(warps,)"),
+        "int4-mma": (int4_weights, int4_mma_tb_per_s, INT4_MMA_CONFIGS, "(warps, STAGES)"),
     }
     for name in args[1:] or swept:
         quantize, tb_per_s, configs, fields = swept[name]

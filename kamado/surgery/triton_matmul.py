@@ -88,8 +88,12 @@ _INT4_GEMV_ROWS_CONFIGS = [
     triton.Config({"GROUPS_PER_STEP": g}, num_warps=w)
     for g, w in [(4, 1), (8, 1), (8, 2), (16, 2), (32, 2), (32, 4)]
 ]
-# The warps of an int4_mma_kernel program: winners of scripts/gemv_sweep.py 4 int4-mma.
-_INT4_MMA_CONFIGS = [triton.Config({"WARPS": w}, num_warps=w) for w in (2, 4, 8)]
+# (warps, STAGES) of an int4_mma_kernel program: the winners of scripts/gemv_sweep.py 1
+# int4-mma and 4 int4-mma among 2-16 warps and 1-4 stages.
+_INT4_MMA_CONFIGS = [
+    triton.Config({"WARPS": w, "STAGES": s}, num_warps=w)
+    for w, s in [(2, 1), (4, 1), (8, 1), (8, 4)]
+]
 SPLIT_MAX_OUT = 16384  # output rows up to which an int4 matmul may split its inputs
 _SPLIT_MAX = 8  # the most SPLIT_K above
 _INT8_DOT_CONFIGS = [
