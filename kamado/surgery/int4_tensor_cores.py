@@ -194,13 +194,13 @@ def int4_mma_kernel(
     the groups. Each warp keeps the weights of its next STAGES groups loading while it
     multiplies one, and loads its first STAGES before waiting for x (kamado.pdl). A small
     matrix is a few groups a warp; at four rows on the H200, four stages read 4096x4096
-    and 4096x12288 15-20% faster than one (scripts/gemv_sweep.py 4 int4-mma). Tensors here are one value a thread ([32 * WARPS],
-    thread i holding value i), so each thread holds what the PTX fragments give it: lane
-    l = 4 g + t holds words 4t .. 4t + 3 of each group's 16 in weight rows g and g + 8, as
-    A, and of input row g the inputs those words multiply, as B. A word's pairs p = 0..3
-    multiply inputs 32 p + 2j (formats.pack_int4), so each word fills the same A fragment
-    columns of two MMAs, and B needs no reordering: the bf16 pairs load as they lie.
-    Input rows past M are zeros."""
+    and 4096x12288 15-20% faster than one (scripts/gemv_sweep.py 4 int4-mma). Tensors
+    here are one value a thread ([32 * WARPS], thread i holding value i), so each thread
+    holds what the PTX fragments give it: lane l = 4 g + t holds words 4t .. 4t + 3 of
+    each group's 16 in weight rows g and g + 8, as A, and of input row g the inputs those
+    words multiply, as B. A word's pairs p = 0..3 multiply inputs 32 p + 2j
+    (formats.pack_int4), so each word fills the same A fragment columns of two MMAs, and B
+    needs no reordering: the bf16 pairs load as they lie. Input rows past M are zeros."""
     let_next_start(PDL)
     NUM_GROUPS: tl.constexpr = K // 128
     threads = tl.arange(0, 32 * WARPS)
