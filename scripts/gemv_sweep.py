@@ -40,8 +40,9 @@ INT4_CONFIGS = [
     (4, 32, 4), (8, 32, 4), (8, 16, 4), (8, 16, 2), (4, 8, 1), (8, 8, 2), (8, 8, 1),
     (16, 8, 4), (4, 4, 1), (8, 4, 1), (16, 4, 2), (16, 4, 4), (32, 4, 4),
 ]  # fmt: skip
-# int4 on mma.sync (int4_mma_kernel), up to 8 rows: (num_warps, STAGES)
-INT4_MMA_CONFIGS = [(2, 1), (4, 1), (8, 1), (8, 4)]
+# int4 on mma.sync (int4_mma_kernel), up to 8 rows: (num_warps, STAGES), the grid the
+# autotuner's list (triton_matmul._INT4_MMA_CONFIGS) was picked from
+INT4_MMA_CONFIGS = list(itertools.product((2, 4, 8, 16), (1, 2, 3, 4)))
 # int4, two to four rows: (GROUPS_PER_STEP, num_warps)
 INT4_ROWS_CONFIGS = [
     (4, 1), (8, 1), (4, 2), (8, 2), (16, 2), (32, 2), (8, 4), (16, 4), (32, 4), (16, 8), (32, 8),
