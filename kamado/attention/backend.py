@@ -32,8 +32,10 @@ class AttentionBackend(Protocol):
         layer: int,
         cache: KVCache,
         metadata: Any,
+        kv_stored: bool = False,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        """Write this step's K/V into the cache, then attend causally over each sequence."""
+        """Write this step's K/V into the cache (unless the caller has: `kv_stored`), then
+        attend causally over each sequence."""
         ...
 
 

@@ -129,8 +129,10 @@ class TorchAttention:
         layer: int,
         cache: KVCache,
         metadata: TorchAttentionMetadata,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
-        cache.store(layer, metadata.slot_mapping, k, v)
+        if not kv_stored:
+            cache.store(layer, metadata.slot_mapping, k, v)
         out = torch.empty_like(q)
         if (d := metadata.decodes) is not None:
             keys, values = cache.read(layer, d.slots)

@@ -262,10 +262,12 @@ class TritonAttention:
         layer: int,
         cache: KVCache,
         metadata: TritonMetadata,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         scales = (cache.k_scale[layer], cache.v_scale[layer]) if cache.format.scaled else None
-        store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, scales, cache.format.qmax)
+        if not kv_stored:
+            store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, scales, cache.format.qmax)
         out = None
         if (ext := metadata.extend) is not None:
             keys = ext.longest_context

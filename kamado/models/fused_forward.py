@@ -2,8 +2,9 @@
 
 It runs on a model whose q/k/v and gate/up projections the `fuse` surgery step has made
 one matmul each (plain or compressed: each projection is called as a module). Per layer a
-step is: add+RMSNorm, QKV matmul, qk-norm+rope in place, attention, o_proj, add+RMSNorm,
-gate/up matmul, SiLU*up, down: about a dozen kernels instead of some sixty.
+step is: add+RMSNorm, QKV matmul, qk-norm+rope in place (writing K and V into an
+unquantized cache too), attention, o_proj, add+RMSNorm, gate/up matmul, SiLU*up, down:
+about a dozen kernels instead of some sixty.
 """
 
 from __future__ import annotations
@@ -76,14 +77,19 @@ class FusedForward:
             w = self.layers[i]
             h, residual = rms_norm(x, w["input_norm"], self.eps, residual)
             qkv = w["qkv"](h)
+            kv_store = None
+            if not ctx.cache.format.scaled:  # a quantized cache: the backend's store_kv
+                kv_store = (ctx.cache.k[i], ctx.cache.v[i], ctx.metadata.slot_mapping)
             qk_norm_rope(
                 qkv, positions, ctx.rope.cos, ctx.rope.sin, self.num_heads, self.num_kv_heads,
-                self.head_dim, w["q_norm"], w["k_norm"], self.eps,
+                self.head_dim, w["q_norm"], w["k_norm"], self.eps, kv_store,
             )  # fmt: skip
             q = qkv[:, :q_dim].view(t, self.num_heads, self.head_dim)
             k = qkv[:, q_dim : q_dim + kv_dim].view(t, self.num_kv_heads, self.head_dim)
             v = qkv[:, q_dim + kv_dim :].view(t, self.num_kv_heads, self.head_dim)
-            out = ctx.backend.forward(q, k, v, i, ctx.cache, ctx.metadata)
+            out = ctx.backend.forward(
+                q, k, v, i, ctx.cache, ctx.metadata, kv_stored=kv_store is not None
+            )
             x = w["o"](out.reshape(t, q_dim))
             h, residual = rms_norm(x, w["post_norm"], self.eps, residual)
             x = w["down"](silu_mul(w["gate_up"](h)))

@@ -57,3 +57,44 @@ def test_fused_forward_is_as_close_to_float32_as_the_modules(shape):
     # Both round to bf16 at the same steps; matmuls may sum in another order, so the fused
     # path's error against float32 must be of the plain bf16 modules' size.
     assert err(fused) < 1.5 * err(plain) + 1e-3, (err(fused), err(plain))
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_rope_kernel_writes_the_cache_as_store_kv_does(qk_norm):
+    """qk_norm_rope with kv_store: the rotated qkv and the cache bit for bit as rotating,
+    then store_kv; a padding row (slot -1) writes nothing."""
+    from kamado.attention.triton_kernels import store_kv
+    from kamado.models.fused_kernels import qk_norm_rope
+
+    config = synthetic_config("qwen3-0.6b")
+    heads, kv_heads, dim = config.num_heads, config.num_kv_heads, config.head_dim
+    rope = RotaryEmbedding(config, CUDA)
+    g = torch.Generator(device=CUDA).manual_seed(5)
+    tokens = 6
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g, device=CUDA)
+    qkv = qkv.to(torch.bfloat16)
+    positions = torch.tensor([0, 7, 8, 100, 31, 5], device=CUDA)
+    slots = torch.tensor([3, 17, 18, -1, 40, 2], device=CUDA)
+    norms = [torch.rand(dim, generator=g, device=CUDA).to(torch.bfloat16) for _ in range(2)]
+    q_norm, k_norm = norms if qk_norm else (None, None)
+    caches = [torch.full((64, kv_heads, dim), 7.0, dtype=torch.bfloat16, device=CUDA)
+              for _ in range(4)]  # fmt: skip
+
+    fused = qkv.clone()
+    qk_norm_rope(
+        fused, positions, rope.cos, rope.sin, heads, kv_heads, dim, q_norm, k_norm, 1e-6,
+        (caches[0], caches[1], slots),
+    )  # fmt: skip
+    plain = qkv.clone()
+    qk_norm_rope(plain, positions, rope.cos, rope.sin, heads, kv_heads, dim, q_norm, k_norm, 1e-6)
+    k = plain[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = plain[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    store_kv(k, v, caches[2], caches[3], slots)
+    torch.cuda.synchronize()
+    assert torch.equal(fused, plain)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    written = slots[slots >= 0]
+    assert torch.equal(caches[0][written], k[slots >= 0])
+    untouched = torch.ones(64, dtype=torch.bool, device=CUDA)
+    untouched[written] = False
+    assert bool((caches[0][untouched] == 7.0).all())
