@@ -130,6 +130,37 @@ def _fp16_for_codes(q):
     return tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
 
+@triton.jit
+def _decode_tile_slots(block_tables, b, stride_bt, n0, hi, BLOCK_SIZE: tl.constexpr,
+                       BLOCK_N: tl.constexpr):  # fmt: skip
+    """The positions [n0, n0 + BLOCK_N) of row b's context: which are below hi, and their
+    cache slots."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    pmask = pos < hi
+    blk = tl.load(block_tables + b * stride_bt + pos // BLOCK_SIZE, mask=pmask, other=0)
+    return pos, pmask, blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+
+
+@triton.jit
+def _decode_tile(
+    q, k, v, slot, pmask, acc, m_i, l_i, k_scale, v_scale, stride_sslot, kvh, qk_scale,
+    SCALED: tl.constexpr,
+):  # fmt: skip
+    """Online softmax of the group's queries over one tile of keys k and values v."""
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if SCALED:
+        s *= tl.load(k_scale + slot * stride_sslot + kvh, mask=pmask, other=0.0)[None, :]
+    s = tl.where(pmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if SCALED:
+        p *= tl.load(v_scale + slot * stride_sslot + kvh, mask=pmask, other=0.0)[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
@@ -140,9 +171,12 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     SCALED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """One (sequence, kv head, split): the group's queries against a slice of the context."""
+    """One (sequence, kv head, split): the group's queries against a slice of the context.
+
+    The slice's first tile of keys and values loads before the wait for the kernels before
+    (kamado.pdl), all but the token at ctx - 1, which this step writes: the rest of the
+    cache, the block tables and the lengths were written before the step began."""
     let_next_start(PDL)
-    wait_for_inputs(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -153,11 +187,20 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_N) * BLOCK_N
     lo = start + split * per_split
     hi = tl.minimum(lo + per_split, ctx)
+    d = tl.arange(0, HEAD_DIM)
+    pos, pmask, slot = _decode_tile_slots(block_tables, b, stride_bt, lo, hi, BLOCK_SIZE, BLOCK_N)
+    kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
+    old = (pmask & (pos < ctx - 1))[:, None]
+    k_first = tl.load(k_cache + kv_off, mask=old, other=0.0)
+    v_first = tl.load(v_cache + kv_off, mask=old, other=0.0)
+    wait_for_inputs(PDL)
+    new = (pmask & (pos == ctx - 1))[:, None]
+    k_first = tl.where(new, tl.load(k_cache + kv_off, mask=new, other=0.0), k_first)
+    v_first = tl.where(new, tl.load(v_cache + kv_off, mask=new, other=0.0), v_first)
 
     g = tl.arange(0, GROUP_PAD)
     heads = kvh * GROUP + g
     gmask = g < GROUP
-    d = tl.arange(0, HEAD_DIM)
     q = tl.load(
         q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None]
     )
@@ -166,26 +209,22 @@ def _decode_split_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        pmask = pos < hi
-        blk = tl.load(block_tables + b * stride_bt + pos // BLOCK_SIZE, mask=pmask, other=0)
-        slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    if lo < hi:
+        acc, m_i, l_i = _decode_tile(
+            q, k_first.to(q.dtype), v_first.to(q.dtype), slot, pmask, acc, m_i, l_i, k_scale,
+            v_scale, stride_sslot, kvh, qk_scale, SCALED,
+        )  # fmt: skip
+    for n0 in range(lo + BLOCK_N, hi, BLOCK_N):
+        pos, pmask, slot = _decode_tile_slots(
+            block_tables, b, stride_bt, n0, hi, BLOCK_SIZE, BLOCK_N
+        )
         kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
         k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
         v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        if SCALED:
-            s *= tl.load(k_scale + slot * stride_sslot + kvh, mask=pmask, other=0.0)[None, :]
-        s = tl.where(pmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if SCALED:
-            p *= tl.load(v_scale + slot * stride_sslot + kvh, mask=pmask, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, m_i, l_i = _decode_tile(
+            q, k, v, slot, pmask, acc, m_i, l_i, k_scale, v_scale, stride_sslot, kvh, qk_scale,
+            SCALED,
+        )  # fmt: skip
     out_off = b * stride_mb + heads * stride_mh + split * stride_ms
     _store_partial(mid_out, mid_lse, out_off, acc, m_i, l_i, gmask, HEAD_DIM, SPLIT)
 
