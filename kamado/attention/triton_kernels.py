@@ -131,14 +131,18 @@ def _fp16_for_codes(q):
 
 
 @triton.jit
-def _decode_tile_slots(block_tables, b, stride_bt, n0, hi, BLOCK_SIZE: tl.constexpr,
-                       BLOCK_N: tl.constexpr):  # fmt: skip
-    """The positions [n0, n0 + BLOCK_N) of row b's context: which are below hi, and their
-    cache slots."""
+def _decode_tile_at(
+    block_tables, b, stride_bt, n0, hi, kvh, stride_slot, stride_kvh,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """The positions [n0, n0 + BLOCK_N) of row b's context: which are below hi, their cache
+    slots, and where kv head kvh's values of each lie in the cache."""
     pos = n0 + tl.arange(0, BLOCK_N)
     pmask = pos < hi
     blk = tl.load(block_tables + b * stride_bt + pos // BLOCK_SIZE, mask=pmask, other=0)
-    return pos, pmask, blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + tl.arange(0, HEAD_DIM)[None, :]
+    return pos, pmask, slot, kv_off
 
 
 @triton.jit
@@ -187,9 +191,10 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_N) * BLOCK_N
     lo = start + split * per_split
     hi = tl.minimum(lo + per_split, ctx)
-    d = tl.arange(0, HEAD_DIM)
-    pos, pmask, slot = _decode_tile_slots(block_tables, b, stride_bt, lo, hi, BLOCK_SIZE, BLOCK_N)
-    kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
+    pos, pmask, slot, kv_off = _decode_tile_at(
+        block_tables, b, stride_bt, lo, hi, kvh, stride_slot, stride_kvh, BLOCK_SIZE, BLOCK_N,
+        HEAD_DIM,
+    )  # fmt: skip
     old = (pmask & (pos < ctx - 1))[:, None]
     k_first = tl.load(k_cache + kv_off, mask=old, other=0.0)
     v_first = tl.load(v_cache + kv_off, mask=old, other=0.0)
@@ -201,6 +206,7 @@ def _decode_split_kernel(
     g = tl.arange(0, GROUP_PAD)
     heads = kvh * GROUP + g
     gmask = g < GROUP
+    d = tl.arange(0, HEAD_DIM)
     q = tl.load(
         q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None]
     )
@@ -215,10 +221,10 @@ def _decode_split_kernel(
             v_scale, stride_sslot, kvh, qk_scale, SCALED,
         )  # fmt: skip
     for n0 in range(lo + BLOCK_N, hi, BLOCK_N):
-        pos, pmask, slot = _decode_tile_slots(
-            block_tables, b, stride_bt, n0, hi, BLOCK_SIZE, BLOCK_N
-        )
-        kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + d[None, :]
+        pos, pmask, slot, kv_off = _decode_tile_at(
+            block_tables, b, stride_bt, n0, hi, kvh, stride_slot, stride_kvh, BLOCK_SIZE,
+            BLOCK_N, HEAD_DIM,
+        )  # fmt: skip
         k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
         v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
         acc, m_i, l_i = _decode_tile(

@@ -14,7 +14,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from kamado.attention import triton_kernels as kernels  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
-POINTERS = {"int8": "*i8", "fp8": "*fp8e4nv", "auto": "*bf16"}
+POINTERS = {"int8": "*i8", "fp8": "*fp8e4nv"}
 
 
 def ptx(fn, signature: dict[str, str], constants: dict) -> str:
