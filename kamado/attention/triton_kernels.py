@@ -130,18 +130,51 @@ def _fp16_for_codes(q):
     return tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
 
+# A word of four int8 codes -> four fp16, exactly: each byte with its sign bit flipped
+# (x + 128) under the exponent byte 0x64 is the fp16 1024 + x + 128; less 1152 is x.
+_INT8_WORD_AS_FP16 = tl.constexpr(
+    "{ .reg .b32 u, m; xor.b32 u, $2, 0x80808080;"
+    " prmt.b32 $0, u, 0x64646464, 0x5140; prmt.b32 $1, u, 0x64646464, 0x7362;"
+    " mov.b32 m, 0x64806480; sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }"
+)
+
+
+@triton.jit
+def _int8_words_as_fp16(words):
+    """int32 words [N, W] of four int8 codes each -> fp16 [N, 4W], exactly.
+
+    Loaded as bytes, int8 codes are widened where the dot with V reads them, transposed:
+    one shared-memory byte load and one slow I2F a code. Loaded as words, they widen four
+    at a time and reach the tensor cores as fp16, as a bf16 tile does. (e4m3 codes widen
+    two to an instruction, and as bytes they are faster: measured.) The asm sees each word
+    four times (the joins) and uses one copy."""
+    n: tl.constexpr = words.shape[0]
+    w: tl.constexpr = words.shape[1]
+    copies = tl.join(tl.join(words, words), tl.join(words, words))
+    values = tl.inline_asm_elementwise(
+        _INT8_WORD_AS_FP16, "=r,=r,r,r,r,r", [copies], dtype=tl.float16, is_pure=True, pack=4
+    )
+    return tl.reshape(values, [n, 4 * w])
+
+
+@triton.jit
+def _as_dot_operand(x, q, INT8_WORDS: tl.constexpr):
+    """A tile of the cache as loaded (INT8_WORDS: int32 words of four codes) in q's dtype."""
+    return _int8_words_as_fp16(x) if INT8_WORDS else x.to(q.dtype)
+
+
 @triton.jit
 def _decode_tile_at(
     block_tables, b, stride_bt, n0, hi, kvh, stride_slot, stride_kvh,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, ROW: tl.constexpr,
 ):  # fmt: skip
     """The positions [n0, n0 + BLOCK_N) of row b's context: which are below hi, their cache
-    slots, and where kv head kvh's values of each lie in the cache."""
+    slots, and where kv head kvh's ROW elements of each lie in the cache."""
     pos = n0 + tl.arange(0, BLOCK_N)
     pmask = pos < hi
     blk = tl.load(block_tables + b * stride_bt + pos // BLOCK_SIZE, mask=pmask, other=0)
     slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-    kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + tl.arange(0, HEAD_DIM)[None, :]
+    kv_off = slot[:, None] * stride_slot + kvh * stride_kvh + tl.arange(0, ROW)[None, :]
     return pos, pmask, slot, kv_off
 
 
@@ -173,9 +206,10 @@ def _decode_split_kernel(
     qk_scale, window, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    SCALED: tl.constexpr, PDL: tl.constexpr,
+    SCALED: tl.constexpr, INT8_WORDS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One (sequence, kv head, split): the group's queries against a slice of the context.
+    An int8 cache comes as int32 words of four codes (INT8_WORDS; strides in words).
 
     The slice's first tile of keys and values loads before the wait for the kernels before
     (kamado.pdl), all but the token at ctx - 1, which this step writes: the rest of the
@@ -188,12 +222,15 @@ def _decode_split_kernel(
     start = 0
     if window > 0:
         start = tl.maximum(ctx - window, 0)
-    per_split = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_N) * BLOCK_N
+    # Slices are multiples of the cache block, not of the tile, so a short context still
+    # spreads over the splits (a tile's positions past its slice are masked).
+    per_split = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_SIZE) * BLOCK_SIZE
     lo = start + split * per_split
     hi = tl.minimum(lo + per_split, ctx)
+    ROW: tl.constexpr = HEAD_DIM // 4 if INT8_WORDS else HEAD_DIM
     pos, pmask, slot, kv_off = _decode_tile_at(
         block_tables, b, stride_bt, lo, hi, kvh, stride_slot, stride_kvh, BLOCK_SIZE, BLOCK_N,
-        HEAD_DIM,
+        ROW,
     )  # fmt: skip
     old = (pmask & (pos < ctx - 1))[:, None]
     k_first = tl.load(k_cache + kv_off, mask=old, other=0.0)
@@ -217,16 +254,17 @@ def _decode_split_kernel(
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     if lo < hi:
         acc, m_i, l_i = _decode_tile(
-            q, k_first.to(q.dtype), v_first.to(q.dtype), slot, pmask, acc, m_i, l_i, k_scale,
-            v_scale, stride_sslot, kvh, qk_scale, SCALED,
+            q, _as_dot_operand(k_first, q, INT8_WORDS), _as_dot_operand(v_first, q, INT8_WORDS),
+            slot, pmask, acc, m_i, l_i, k_scale, v_scale, stride_sslot, kvh, qk_scale, SCALED,
         )  # fmt: skip
     for n0 in range(lo + BLOCK_N, hi, BLOCK_N):
         pos, pmask, slot, kv_off = _decode_tile_at(
             block_tables, b, stride_bt, n0, hi, kvh, stride_slot, stride_kvh, BLOCK_SIZE,
-            BLOCK_N, HEAD_DIM,
+            BLOCK_N, ROW,
         )  # fmt: skip
-        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
-        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0).to(q.dtype)
+        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0)
+        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0)
+        k, v = _as_dot_operand(k, q, INT8_WORDS), _as_dot_operand(v, q, INT8_WORDS)
         acc, m_i, l_i = _decode_tile(
             q, k, v, slot, pmask, acc, m_i, l_i, k_scale, v_scale, stride_sslot, kvh, qk_scale,
             SCALED,
@@ -285,7 +323,7 @@ def decode_attention(
     block_size: int,
     num_splits: int,  # at most MAX_SPLITS; fixed per captured batch size
     window: int = 0,
-    block_n: int = 64,
+    block_n: int = 128,  # measured: bf16 and fp8 as bytes, int8 as words (README)
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # of a quantized cache
 ) -> torch.Tensor:
     """Split-K paged decode: each split attends to a slice, then a reduce merges them."""
@@ -295,6 +333,9 @@ def decode_attention(
     out = torch.empty(batch, num_heads, head_dim, dtype=q.dtype, device=q.device)
     mid_out, mid_lse = split_buffers(out, num_splits)
     k_scale, v_scale = scales or (k_cache, v_cache)  # unread when unscaled
+    int8_words = k_cache.dtype == torch.int8
+    if int8_words:
+        k_cache, v_cache = k_cache.view(torch.int32), v_cache.view(torch.int32)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_scale.stride(0),
@@ -302,7 +343,8 @@ def decode_attention(
         head_dim**-0.5 * LOG2E, window, num_splits,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
-        SCALED=scales is not None, num_warps=4, num_stages=2, **launch_options(q.device),
+        SCALED=scales is not None, INT8_WORDS=int8_words, num_warps=4, num_stages=2,
+        **launch_options(q.device),
     )  # fmt: skip
     if num_splits > 1:
         merge_splits(mid_out, mid_lse, out)
