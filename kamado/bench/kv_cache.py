@@ -9,6 +9,7 @@ run over the bytes one step reads (every weight once, plus each sequence's K/V a
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -97,12 +98,16 @@ def run_kv_cache_bench(
 ) -> dict:
     # No prefix cache: each repeat's new prompts would otherwise push the last one's blocks
     # to the host tier while decoding is timed (an H200 run spread 38-815 tok/s that way).
+    # Prompts unpaced: paced beside the first one's decodes, 16k-token prompts went a few
+    # layers a step and each sequence finished before the next began (an H200 run timed
+    # one sequence's decodes as the batch's).
     engines = {
         kv: EngineCore(
             EngineConfig(
                 model=model, device=device, dtype=dtype, kv_cache_dtype=kv,
                 kv_cache_bytes=budget_bytes, max_num_seqs=max(batch, len(AGREEMENT_PROMPTS)),
                 enable_prefix_caching=False, speculation="off",  # one token a step
+                decode_stall_factor=math.inf,
             )
         )
         for kv in KV_CACHE_DTYPES

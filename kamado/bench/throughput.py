@@ -38,7 +38,9 @@ def kamado_throughput(
     """Prefill: all prompts until each has its first token. Decode: the steps in which the
     whole batch decodes, from then until the first request finishes. (Prompts longer than
     a step's token budget are prefilled one after another, and the first ones decode
-    meanwhile; over the whole tail, the batch would shrink as they finish.)"""
+    meanwhile; over the whole tail, the batch would shrink as they finish.) An error where
+    no step decodes the whole batch: the first finished before the last had its first
+    token."""
     prompts = random_prompts(batch, prompt_len, engine.model_config.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
     started = time.perf_counter()
@@ -46,6 +48,7 @@ def kamado_throughput(
         engine.add_request(f"bench-{batch}-{i}", prompt, params)
     have_first: set[str] = set()
     prefilled_at = whole_until = None
+    finished_early = False  # one finished before the last had its first token
     decoded = 0  # tokens of the steps in which the whole batch decoded
     while engine.has_work():
         deltas = engine.step()
@@ -55,12 +58,15 @@ def kamado_throughput(
             if any(d.finished for d in deltas):
                 whole_until = now
         have_first.update(d.request_id for d in deltas)
-        if prefilled_at is None and len(have_first) == batch:
-            prefilled_at = now
-    if prefilled_at is None or whole_until is None or decoded == 0:
+        if prefilled_at is None:
+            finished_early |= any(d.finished for d in deltas)
+            if len(have_first) == batch:
+                prefilled_at = now
+    if finished_early or prefilled_at is None or whole_until is None or decoded == 0:
         raise ValueError(
             f"no step decoded all {batch} sequences of {prompt_len} tokens together within "
-            f"{gen_len} new tokens: raise the number of new tokens"
+            f"{gen_len} new tokens: raise the number of new tokens (or, where the engine "
+            "paces prompts beside decodes, prefill them unpaced)"
         )
     return Throughput(
         "kamado",

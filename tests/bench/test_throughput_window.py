@@ -44,3 +44,12 @@ def test_a_batch_that_never_decodes_together_is_an_error():
     engine = staggering_engine()
     with pytest.raises(ValueError, match="raise the number of new tokens"):
         throughput.kamado_throughput(engine, "tiny", batch=3, prompt_len=40, gen_len=1)
+
+
+def test_a_batch_decoded_one_after_another_is_an_error():
+    # Three new tokens each: the first request finishes while the third prompt is still
+    # being prefilled, so no step decodes all three (the rate over the last one's tokens
+    # alone is not the batch's).
+    engine = staggering_engine()
+    with pytest.raises(ValueError, match="raise the number of new tokens"):
+        throughput.kamado_throughput(engine, "tiny", batch=3, prompt_len=40, gen_len=3)
