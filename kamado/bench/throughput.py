@@ -53,15 +53,16 @@ def kamado_throughput(
     while engine.has_work():
         deltas = engine.step()
         now = time.perf_counter()
-        if prefilled_at is not None and whole_until is None:
-            decoded += sum(len(d.new_token_ids) for d in deltas)
-            if any(d.finished for d in deltas):
-                whole_until = now
-        have_first.update(d.request_id for d in deltas)
+        finished = any(d.finished for d in deltas)
         if prefilled_at is None:
-            finished_early |= any(d.finished for d in deltas)
+            have_first.update(d.request_id for d in deltas)
+            finished_early |= finished
             if len(have_first) == batch:
                 prefilled_at = now
+        elif whole_until is None:
+            decoded += sum(len(d.new_token_ids) for d in deltas)
+            if finished:
+                whole_until = now
     if finished_early or prefilled_at is None or whole_until is None or decoded == 0:
         raise ValueError(
             f"no step decoded all {batch} sequences of {prompt_len} tokens together within "
