@@ -11,6 +11,7 @@ prefill at the full token budget, as general-purpose schedulers do).
 
 from __future__ import annotations
 
+import bisect
 import gc
 import statistics
 import time
@@ -34,6 +35,9 @@ PROGRESS_SECONDS = 30.0  # how often a prefill beside the streams reports its pr
 # A gap is "quiet" where others took less CPU time in it (stolen plus waited) than this
 # share of the normal gap: what is left past the target there is the engine's own doing.
 QUIET_SHARE = 0.1
+# A gap's local normal: the median gap of this many steps beside the prompt that carried no
+# prompt work, the nearest to it (see Fairness.local).
+LOCAL_NORMAL_STEPS = 9
 
 
 class Gap(NamedTuple):
@@ -90,6 +94,13 @@ class Fairness:
     # rows of the columns below (fewer keys: a run may have hundreds).
     over_target_columns: list[str]
     over_target: list[list[float]]
+    # The same gaps, each against a local normal instead of the line: the median gap of the
+    # LOCAL_NORMAL_STEPS steps nearest it that ran beside the prompt without prompt work.
+    # A long CPU prefill takes an hour, over which this machine's pace drifts by a fifth
+    # (decode_only_beside); the local normal follows the drift. Keys: worst, p99, median,
+    # quiet_worst, quiet_steps_past_target. None where no step went without prompt work
+    # (unpaced prefill) or too few did.
+    local: dict[str, float] | None
 
 
 class CollectionTimer:
@@ -236,11 +247,23 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
 
     ranked = rank(beside)
     ratios = [r for r, _ in ranked]
-    quiet = [
-        (r, g)
-        for r, g in ranked
-        if g.stolen_seconds + g.waited_seconds < QUIET_SHARE * g.seconds / r
-    ]
+    quiet = _quiet(ranked)
+    normals = _local_normals(beside)
+    local = None
+    if normals is not None:
+        local_ranked = sorted(
+            ((g.seconds / n, g) for g, n in zip(beside, normals, strict=True)),
+            key=lambda pair: pair[0],
+        )
+        local_ratios = [r for r, _ in local_ranked]
+        local_quiet = _quiet(local_ranked)
+        local = dict(
+            worst=local_ratios[-1],
+            p99=local_ratios[int(0.99 * (len(local_ratios) - 1))],
+            median=statistics.median(local_ratios),
+            quiet_worst=max((r for r, _ in local_quiet), default=0.0),
+            quiet_steps_past_target=len(_past_target(local_quiet)),
+        )
     return Fairness(
         scheduler=label,
         model=model,
@@ -261,14 +284,47 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         # steps right after the prompt, say). Context tells before from after.
         alone_worst_gaps=[_record(r, g) for r, g in _worst_steps(rank(before + after))[:3]],
         quiet_worst_ratio=max((r for r, _ in quiet), default=0.0),
-        quiet_steps_past_target=len(
-            _worst_steps([(r, g) for r, g in quiet if r > TARGET_RATIO], limit=None)
-        ),
+        quiet_steps_past_target=len(_past_target(quiet)),
         staged_splits=staged_splits,
         decode_only_beside=_decode_only_by_fifth([(ratio(g), g) for g in beside]),
         over_target_columns=list(OVER_TARGET_COLUMNS),
         over_target=_over_target(ranked),
+        local=local,
     )
+
+
+def _quiet(ranked: list[tuple[float, Gap]]) -> list[tuple[float, Gap]]:
+    """The gaps in which others took less CPU time than QUIET_SHARE of their normal gap."""
+    return [
+        (r, g)
+        for r, g in ranked
+        if g.stolen_seconds + g.waited_seconds < QUIET_SHARE * g.seconds / r
+    ]
+
+
+def _past_target(ranked: list[tuple[float, Gap]]) -> list[tuple[float, Gap]]:
+    """The steps (each by its worst gap) whose gap passed TARGET_RATIO."""
+    return _worst_steps([(r, g) for r, g in ranked if r > TARGET_RATIO], limit=None)
+
+
+def _local_normals(gaps: list[Gap]) -> list[float] | None:
+    """Each gap's local normal: the median of the median gaps of the LOCAL_NORMAL_STEPS
+    steps without prompt work nearest it in step order; None with fewer such steps."""
+    by_step: dict[int, list[float]] = {}
+    for g in gaps:
+        if g.prefill_tokens == 0:
+            by_step.setdefault(g.step, []).append(g.seconds)
+    steps = sorted(by_step)
+    if len(steps) < LOCAL_NORMAL_STEPS:
+        return None
+    step_gaps = [statistics.median(by_step[s]) for s in steps]
+    normals = []
+    for g in gaps:
+        # The window of LOCAL_NORMAL_STEPS centred on the gap's step, kept inside the list.
+        at = bisect.bisect_left(steps, g.step) - LOCAL_NORMAL_STEPS // 2
+        first = min(max(at, 0), len(steps) - LOCAL_NORMAL_STEPS)
+        normals.append(statistics.median(step_gaps[first : first + LOCAL_NORMAL_STEPS]))
+    return normals
 
 
 OVER_TARGET_COLUMNS = ("step", "ratio", "gap_ms", "step_ms", "schedule_ms", "finish_ms",
@@ -277,9 +333,8 @@ OVER_TARGET_COLUMNS = ("step", "ratio", "gap_ms", "step_ms", "schedule_ms", "fin
 
 
 def _over_target(ranked: list[tuple[float, Gap]]) -> list[list[float]]:
-    steps = _worst_steps([(r, g) for r, g in ranked if r > TARGET_RATIO], limit=None)
     rows = []
-    for r, g in sorted(steps, key=lambda pair: pair[1].step):
+    for r, g in sorted(_past_target(ranked), key=lambda pair: pair[1].step):
         record = _record(r, g)
         rows.append([round(record[c], 3) for c in OVER_TARGET_COLUMNS])
     return rows
@@ -370,6 +425,14 @@ def run_fairness(
         checks = ", ".join(f"{ratio:.2f}x at {context:.0f} ({count})"
                            for context, count, ratio in r.decode_only_beside)  # fmt: skip
         print(f"  gaps of steps without prompt work beside it, per fifth: {checks}", flush=True)
+        if (local := r.local) is not None:
+            print(
+                f"  against the median gap of the {LOCAL_NORMAL_STEPS} nearest steps without "
+                f"prompt work: worst {local['worst']:.2f}x, p99 {local['p99']:.2f}x, median "
+                f"{local['median']:.2f}x; in quiet gaps worst {local['quiet_worst']:.2f}x, "
+                f"{local['quiet_steps_past_target']} steps past {TARGET_RATIO}x",
+                flush=True,
+            )
         for g in r.worst_gaps[:3]:
             print(
                 f"  a {g['ratio']:.2f}x gap: {g['gap_ms']:.1f} ms, of which scheduling "

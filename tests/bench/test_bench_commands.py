@@ -58,6 +58,8 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         alone = r["alone_worst_gaps"]
         assert len(alone) == 3 and alone[0]["ratio"] == r["alone_worst_ratio"]
         assert all(g["prefill_tokens"] == 0 for g in alone)  # the streams alone
+    # Unpaced, every step beside the prompt carries prompt work: no local normal.
+    assert unpaced["local"] is None
     # Unpaced, 300 tokens fit in one step; paced, a prompt takes many steps beside the streams.
     assert paced["num_gaps"] > unpaced["num_gaps"]
 
@@ -71,6 +73,29 @@ def test_the_normal_gap_is_checked_by_steps_without_prompt_work_per_fifth():
     tokens = [0, 5, 5, 5, 5, 5, 5, 5, 0, 0]
     gaps = [(r, gap(i, t)) for i, (r, t) in enumerate(zip(ratios, tokens, strict=True))]
     assert fairness._decode_only_by_fifth(gaps) == [[100, 1, 1.0], [108.5, 2, 1.3]]
+
+
+def test_each_gap_is_also_measured_against_the_nearest_steps_without_prompt_work():
+    def gap(step: int, seconds: float, prompt_tokens: int) -> Gap:
+        return Gap(seconds, 100 + step, seconds, 0.0, 0.0, prompt_tokens, 0, 0.0, 2, step, 0,
+                   0, 0.0, 0.0)  # fmt: skip
+
+    # Steps 0-29, every third without prompt work; the machine slows by half at step 15,
+    # so those steps' gaps go from 0.1 to 0.2 s. Each step ends the gaps of two streams.
+    gaps = []
+    for step in range(30):
+        decode_only = step % 3 == 0
+        seconds = (0.1 if step < 15 else 0.2) if decode_only else 0.25
+        gaps += [gap(step, seconds, 0 if decode_only else 8)] * 2
+    normals = fairness._local_normals(gaps)
+    assert normals is not None and len(normals) == len(gaps)
+    by_step = dict(zip([g.step for g in gaps], normals, strict=True))
+    # Nine of the ten decode-only steps, centred where they can be: the first nine for an
+    # early step (five at 0.1 s, four at 0.2), the last nine for a late one (four and five).
+    assert by_step[1] == 0.1 and by_step[28] == 0.2
+    assert by_step[14] == 0.2  # centred on step 15: steps 3-27
+    # Fewer decode-only steps than the window: no local normal (unpaced prefill has none).
+    assert fairness._local_normals(gaps[: 2 * 24]) is None
 
 
 def test_throughput_bench_runs_beside_transformers(tmp_path):
