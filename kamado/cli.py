@@ -135,7 +135,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="--agents, --fairness: cpu or cuda")
     p.add_argument("--kv-cache", action="store_true", help="int8/fp8 KV cache vs the model's dtype")
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV budget (--kv-cache)")
-    p.add_argument("--batch", type=int, default=4, help="decoding sequences (--kv-cache)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="sequences at once (--kv-cache: default 4; throughput: default 1, then 8)",
+    )
     p.add_argument(
         "--surgery",
         type=_surgery,

@@ -74,7 +74,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         try:
             results = run_kv_cache_bench(
-                model, device, args.dtype, int(args.kv_cache_gb * (1 << 30)), args.batch,
+                model, device, args.dtype, int(args.kv_cache_gb * (1 << 30)), args.batch or 4,
                 args.prompt_len or 2048, args.gen_len or 32,
             )  # fmt: skip
         except ValueError as e:  # the budget cannot hold the batch
@@ -108,6 +108,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.dtype,
         args.prompt_len or 256,
         args.gen_len or 64,
+        batches=(args.batch,) if args.batch else (1, 8),
         peer=not args.no_peer,
     )
     write_results(args.out, "throughput", results)

@@ -108,6 +108,16 @@ def test_throughput_bench_runs_beside_transformers(tmp_path):
     assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in results)
 
 
+def test_throughput_bench_runs_one_batch_size_when_given(tmp_path):
+    # A long prompt's prefill beside transformers, without batch 8 of it.
+    out = tmp_path / "throughput.json"
+    args = ["bench", "--model", TINY, "--prompt-len", "40", "--gen-len", "4", "--batch", "2",
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    results = json.loads(out.read_text())["results"]
+    assert {(r["engine"], r["batch"]) for r in results} == {("kamado", 2), ("transformers", 2)}
+
+
 def test_contention_bench_times_each_thread_policy_quiet_and_beside_a_busy_process(tmp_path):
     out = tmp_path / "contention.json"
     args = ["bench", "--contention", "--model", TINY, "--prompt-len", "8", "--gen-len", "4"]
