@@ -180,7 +180,8 @@ def tiled_attention(
         rows = (q[q_start : q_start + n].float() * dim**-0.5).view(n, num_kv_heads, group, dim)
         rows = rows.permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, dim)
         key_tile = max(MIN_KEY_TILE, SCORE_TILE_BYTES // (4 * num_heads * n))
-        first, last = ctx - n_q + q_start, ctx - n_q + q_start + n - 1  # query positions
+        first = ctx - n_q + q_start  # the tile row's query positions: first..last
+        last = first + n - 1
         q_pos = torch.arange(first, last + 1, device=q.device)
         start = 0 if window is None else max(0, first - window + 1)
         running: _RunningSoftmax | None = None

@@ -148,8 +148,14 @@ def run_throughput(
 ) -> list[dict]:
     rows: list[Throughput] = []
     for model in models:
-        # Batches repeat prompts: without this, later ones would be served from the cache.
-        engine = EngineCore(EngineConfig(model=model, dtype=dtype, enable_prefix_caching=False))
+        # Batches repeat prompts: without the cache off, later ones would be served from it.
+        # Speculation off: one token a step, as transformers' generate decodes; on random
+        # prompts greedy output repeats itself, so drafts would run far ahead (a batch-1
+        # rate of 5x transformers'). `kamado bench --spec` measures it on real tasks.
+        config = EngineConfig(
+            model=model, dtype=dtype, enable_prefix_caching=False, speculation="off"
+        )
+        engine = EngineCore(config)
         kamado_throughput(engine, model, 1, 16, 4)  # warm-up
         for batch in batches:
             rows.append(kamado_throughput(engine, model, batch, prompt_len, gen_len))

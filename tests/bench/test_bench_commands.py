@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kamado.bench import fairness
+from kamado.bench import fairness, throughput
 from kamado.bench.fairness import STREAMS, Gap, Streams
 from kamado.cli import main
 from kamado.config import EngineConfig
@@ -108,14 +108,23 @@ def test_throughput_bench_runs_beside_transformers(tmp_path):
     assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in results)
 
 
-def test_throughput_bench_runs_one_batch_size_when_given(tmp_path):
-    # A long prompt's prefill beside transformers, without batch 8 of it.
+def test_throughput_bench_runs_one_batch_size_when_given(tmp_path, monkeypatch):
+    # A long prompt's prefill beside transformers, without batch 8 of it; decoding a token a
+    # step, as transformers does.
+    configs = []
+
+    def engine(config: EngineConfig) -> EngineCore:
+        configs.append(config)
+        return EngineCore(config)
+
+    monkeypatch.setattr(throughput, "EngineCore", engine)
     out = tmp_path / "throughput.json"
     args = ["bench", "--model", TINY, "--prompt-len", "40", "--gen-len", "4", "--batch", "2",
             "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     results = json.loads(out.read_text())["results"]
     assert {(r["engine"], r["batch"]) for r in results} == {("kamado", 2), ("transformers", 2)}
+    assert [c.speculation for c in configs] == ["off"]
 
 
 def test_contention_bench_times_each_thread_policy_quiet_and_beside_a_busy_process(tmp_path):
