@@ -159,7 +159,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="cost of verifying k draft tokens beside a plain decode step (GPU, or tiny on CPU)",
     )
     p.add_argument(
-        "--repeats", type=int, default=3, help="--spec, --structured: runs of each task and mode"
+        "--repeats",
+        type=int,
+        default=3,
+        help="--spec, --structured: runs of each task and mode; throughput: runs of each "
+        "engine and batch, alternated (the median is kept)",
     )
     p.add_argument("--prompt-len", type=int, default=None)
     p.add_argument("--gen-len", type=int, default=None)

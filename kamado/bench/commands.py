@@ -110,6 +110,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.gen_len or 64,
         batches=(args.batch,) if args.batch else (1, 8),
         peer=not args.no_peer,
+        repeats=args.repeats,
     )
     write_results(args.out, "throughput", results)
     return 0

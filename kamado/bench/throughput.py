@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import random
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -24,6 +25,7 @@ class Throughput:
     gen_len: int
     prefill_tok_s: float
     decode_tok_s: float
+    runs: int = 1  # rates are the median of this many runs
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -145,7 +147,11 @@ def run_throughput(
     gen_len: int,
     batches: tuple[int, ...] = (1, 8),
     peer: bool = True,
+    repeats: int = 1,
 ) -> list[dict]:
+    """Each batch `repeats` times, kamado and transformers alternating, so that the
+    machine's drift falls on both; a row per engine and batch, each rate the median of
+    its runs."""
     rows: list[Throughput] = []
     for model in models:
         # Batches repeat prompts: without the cache off, later ones would be served from it.
@@ -156,24 +162,36 @@ def run_throughput(
             model=model, dtype=dtype, enable_prefix_caching=False, speculation="off"
         )
         engine = EngineCore(config)
-        kamado_throughput(engine, model, 1, 16, 4)  # warm-up
-        for batch in batches:
-            rows.append(kamado_throughput(engine, model, batch, prompt_len, gen_len))
-            print(_fmt(rows[-1]), flush=True)
         vocab = engine.model_config.vocab_size
-        torch_dtype = engine.dtype
-        del engine
-        if peer:
-            reference = load_reference(model, torch_dtype)
+        kamado_throughput(engine, model, 1, 16, 4)  # warm-up
+        reference = load_reference(model, engine.dtype) if peer else None
+        if reference is not None:
             transformers_throughput(reference, model, 1, 16, 4, vocab)  # warm-up
-            for batch in batches:
-                rows.append(
-                    transformers_throughput(reference, model, batch, prompt_len, gen_len, vocab)
-                )
-                print(_fmt(rows[-1]), flush=True)
-            del reference
+        for batch in batches:
+            runs: dict[str, list[Throughput]] = {"kamado": [], "transformers": []}
+            for _ in range(repeats):
+                runs["kamado"].append(kamado_throughput(engine, model, batch, prompt_len, gen_len))
+                if reference is not None:
+                    runs["transformers"].append(
+                        transformers_throughput(reference, model, batch, prompt_len, gen_len, vocab)
+                    )
+            for engine_runs in runs.values():
+                if engine_runs:
+                    rows.append(_median(engine_runs))
+                    print(_fmt(rows[-1]), flush=True)
+        del engine, reference
     _summary(rows)
     return [asdict(r) for r in rows]
+
+
+def _median(runs: list[Throughput]) -> Throughput:
+    """One engine's runs of one batch as one row: each rate the median of its runs."""
+    return replace(
+        runs[0],
+        runs=len(runs),
+        prefill_tok_s=statistics.median(r.prefill_tok_s for r in runs),
+        decode_tok_s=statistics.median(r.decode_tok_s for r in runs),
+    )
 
 
 def _fmt(r: Throughput) -> str:

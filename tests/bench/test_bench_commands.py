@@ -110,21 +110,41 @@ def test_throughput_bench_runs_beside_transformers(tmp_path):
 
 def test_throughput_bench_runs_one_batch_size_when_given(tmp_path, monkeypatch):
     # A long prompt's prefill beside transformers, without batch 8 of it; decoding a token a
-    # step, as transformers does.
-    configs = []
+    # step, as transformers does; the engines' runs alternated, the median of each kept.
+    configs, calls = [], []
 
     def engine(config: EngineConfig) -> EngineCore:
         configs.append(config)
         return EngineCore(config)
 
+    def recorded(name, fn):
+        def run(*args, **kwargs):
+            calls.append((name, args[2]))  # (engine, batch)
+            return fn(*args, **kwargs)
+
+        return run
+
     monkeypatch.setattr(throughput, "EngineCore", engine)
+    for name in ("kamado_throughput", "transformers_throughput"):
+        monkeypatch.setattr(throughput, name, recorded(name, getattr(throughput, name)))
     out = tmp_path / "throughput.json"
     args = ["bench", "--model", TINY, "--prompt-len", "40", "--gen-len", "4", "--batch", "2",
-            "--out", str(out)]  # fmt: skip
+            "--repeats", "2", "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     results = json.loads(out.read_text())["results"]
-    assert {(r["engine"], r["batch"]) for r in results} == {("kamado", 2), ("transformers", 2)}
+    assert [(r["engine"], r["batch"], r["runs"]) for r in results] == [
+        ("kamado", 2, 2), ("transformers", 2, 2)
+    ]  # fmt: skip
     assert [c.speculation for c in configs] == ["off"]
+    timed = [call for call in calls if call[1] == 2]  # the warm-ups run batch 1
+    assert timed == [("kamado_throughput", 2), ("transformers_throughput", 2)] * 2
+
+
+def test_throughput_rows_keep_the_median_of_each_rate():
+    runs = [throughput.Throughput("kamado", "m", 1, 16, 4, p, d) for p, d in
+            [(100.0, 9.0), (300.0, 7.0), (200.0, 8.0)]]  # fmt: skip
+    row = throughput._median(runs)
+    assert (row.prefill_tok_s, row.decode_tok_s, row.runs) == (200.0, 8.0, 3)
 
 
 def test_contention_bench_times_each_thread_policy_quiet_and_beside_a_busy_process(tmp_path):
