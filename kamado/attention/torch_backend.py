@@ -214,7 +214,7 @@ class _RunningSoftmax:
     def of_tile(cls, scores: torch.Tensor, values: torch.Tensor) -> _RunningSoftmax:
         top = scores.amax(dim=-1, keepdim=True)
         # A row that sees no key of this tile has top -inf; subtracting 0 keeps its exps 0.
-        weights = torch.exp(scores.sub_(top.nan_to_num(neginf=0.0)))
+        weights = scores.sub_(top.nan_to_num(neginf=0.0)).exp_()
         return cls(top, weights.sum(dim=-1, keepdim=True), torch.matmul(weights, values.float()))
 
     def merge(self, other: _RunningSoftmax) -> _RunningSoftmax:
