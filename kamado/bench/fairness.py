@@ -15,6 +15,7 @@ import bisect
 import gc
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -242,28 +243,14 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         return gap.seconds / normal
 
     def rank(gaps: list[Gap]) -> list[tuple[float, Gap]]:
-        # Each gap's ratio computed once; ties (a step's streams) keep their order.
-        return sorted(((ratio(g), g) for g in gaps), key=lambda pair: pair[0])
+        return _ranked((ratio(g), g) for g in gaps)
 
     ranked = rank(beside)
-    ratios = [r for r, _ in ranked]
-    quiet = _quiet(ranked)
+    line = _summary(ranked)
     normals = _local_normals(beside)
     local = None
     if normals is not None:
-        local_ranked = sorted(
-            ((g.seconds / n, g) for g, n in zip(beside, normals, strict=True)),
-            key=lambda pair: pair[0],
-        )
-        local_ratios = [r for r, _ in local_ranked]
-        local_quiet = _quiet(local_ranked)
-        local = dict(
-            worst=local_ratios[-1],
-            p99=local_ratios[int(0.99 * (len(local_ratios) - 1))],
-            median=statistics.median(local_ratios),
-            quiet_worst=max((r for r, _ in local_quiet), default=0.0),
-            quiet_steps_past_target=len(_past_target(local_quiet)),
-        )
+        local = _summary(_ranked((g.seconds / n, g) for g, n in zip(beside, normals, strict=True)))
     return Fairness(
         scheduler=label,
         model=model,
@@ -274,22 +261,41 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         context_after=x1,
         alone_worst_ratio=max(ratio(g) for g in before + after),
         worst_gap_ms=max(g.seconds for g in beside) * 1e3,
-        worst_ratio=ratios[-1],
-        p99_ratio=ratios[int(0.99 * (len(ratios) - 1))],
-        median_ratio=statistics.median(ratios),
-        num_gaps=len(ratios),
+        worst_ratio=line["worst"],
+        p99_ratio=line["p99"],
+        median_ratio=line["median"],
+        num_gaps=len(ranked),
         prefill_seconds=prefill_seconds,
         worst_gaps=[_record(r, g) for r, g in _worst_steps(ranked)],
         # The streams' own worst steps alone: the machine's jitter, and where it falls (the
         # steps right after the prompt, say). Context tells before from after.
         alone_worst_gaps=[_record(r, g) for r, g in _worst_steps(rank(before + after))[:3]],
-        quiet_worst_ratio=max((r for r, _ in quiet), default=0.0),
-        quiet_steps_past_target=len(_past_target(quiet)),
+        quiet_worst_ratio=line["quiet_worst"],
+        quiet_steps_past_target=line["quiet_steps_past_target"],
         staged_splits=staged_splits,
         decode_only_beside=_decode_only_by_fifth([(ratio(g), g) for g in beside]),
         over_target_columns=list(OVER_TARGET_COLUMNS),
         over_target=_over_target(ranked),
         local=local,
+    )
+
+
+def _ranked(pairs: Iterable[tuple[float, Gap]]) -> list[tuple[float, Gap]]:
+    """(ratio, gap) pairs from the lowest ratio up; ties (a step's streams) keep their order."""
+    return sorted(pairs, key=lambda pair: pair[0])
+
+
+def _summary(ranked: list[tuple[float, Gap]]) -> dict[str, float]:
+    """The figures of ranked gaps against one normal: worst, p99 and median ratio, and the
+    worst among quiet gaps with the number of quiet steps past TARGET_RATIO."""
+    ratios = [r for r, _ in ranked]
+    quiet = _quiet(ranked)
+    return dict(
+        worst=ratios[-1],
+        p99=ratios[int(0.99 * (len(ratios) - 1))],
+        median=statistics.median(ratios),
+        quiet_worst=max((r for r, _ in quiet), default=0.0),
+        quiet_steps_past_target=len(_past_target(quiet)),
     )
 
 
