@@ -122,11 +122,13 @@ def _predictions(
 @torch.inference_mode()
 def teacher_forced_logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
     """Float32 logits at every position of ids, one prefill through the engine's model in a
-    KV cache of its own."""
+    KV cache of its own, in the engine's KV format (a KV step's loss is scored too)."""
     runner = engine.runner
     block = runner.block_size
     blocks = -(-len(ids) // block)
-    cache = KVCache(engine.model_config, blocks, block, engine.dtype, runner.device)
+    cache = KVCache(
+        engine.model_config, blocks, block, engine.dtype, runner.device, engine.kv_format
+    )
     metadata = runner.backend.build_metadata(
         [SeqChunk(len(ids), len(ids), list(range(blocks)))], block
     )

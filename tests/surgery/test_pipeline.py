@@ -105,6 +105,15 @@ def test_surgery_keeps_logits_near_the_unmodified_model(arch, step, tolerance):
     assert relative_error(got, reference) < tolerance
 
 
+@pytest.mark.parametrize("step", ["kv-int8", "kv-fp8"])
+def test_the_scorer_reads_k_and_v_in_the_engines_kv_format(step):
+    # `surgery check` scores a KV step by these logits: read from a cache of the model's
+    # dtype, they would score it as lossless.
+    reference = teacher_forced_logits(engine("synthetic:tiny-qwen3"), IDS)
+    got = teacher_forced_logits(engine("synthetic:tiny-qwen3", (step,)), IDS)
+    assert 0 < relative_error(got, reference) < 0.1
+
+
 def test_fusion_keeps_hugging_face_names_as_views_of_one_matrix():
     model = engine("synthetic:tiny-qwen2", ("fuse",)).runner.model
     attn = model.model.layers[0].self_attn
