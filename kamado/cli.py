@@ -43,7 +43,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--kv-cache-dtype",
         default="auto",
         choices=KV_CACHE_DTYPES,
-        help="KV cache storage: the model's dtype, or 8-bit codes with scales (~2x the tokens)",
+        help="KV cache storage: the model's dtype, or 8-bit codes with scales per token (1.9x "
+        "the tokens of bf16) or calibrated per layer (fp8-static: 2x)",
     )
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -82,7 +83,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--surgery",
         type=_surgery,
         default=(),
-        help="load-time surgery, comma-separated: fuse int8 int4 fp8 gguf kv-fp8 kv-int8",
+        help="load-time surgery, comma-separated: fuse int8 int4 fp8 gguf "
+        "kv-fp8 kv-fp8-static kv-int8",
     )
     p.add_argument(
         "--speculation",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
-KV_CACHE_DTYPES = ("auto", "fp8", "int8")  # see kamado/kv/quant.py
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8-static", "int8")  # see kamado/kv/quant.py
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class EngineConfig:
     # (re-checked every second), up to torch's default.
     cpu_threads: int | None = None
     # Load-time surgery steps by name (kamado.surgery): fuse, int8, int4, fp8, gguf,
-    # kv-fp8, kv-int8. On CUDA with fused_kernels, fuse is always applied.
+    # kv-fp8, kv-fp8-static, kv-int8. On CUDA with fused_kernels, fuse is always applied.
     surgery: tuple[str, ...] = ()
     # Keep full KV blocks of finished turns and reuse them for requests with the same prefix.
     enable_prefix_caching: bool = True

@@ -8,7 +8,8 @@ sliding window (0 = none): a query at position p sees keys (p - window, p].
 A quantized cache (kv/quant.py: int8 or fp8 codes, a float32 scale per slot and kv head in
 [num_slots, kv_heads] tensors) is read as codes, never dequantized in memory: the dot
 products run on the codes (in fp16), K's scales multiply the scores and V's scales the
-probabilities.
+probabilities. A static format's scale tensors have stride 0 over the slots: every slot
+reads its layer's scales, and the store kernel quantizes with them and writes none.
 """
 
 from __future__ import annotations
@@ -48,17 +49,26 @@ def _store_kv_kernel(
 
 
 @triton.jit
-def _quantize_store(src, dst, scale_dst, offs, h, hmask, QMAX: tl.constexpr, INT8: tl.constexpr):
-    """One token's [heads, head_dim] as codes plus a scale per head; rounding as in
-    kv/quant.py (IEEE division, to nearest even), so both backends write the same bytes."""
+def _quantize_store(
+    src, dst, scale_at, offs, h, hmask,
+    QMAX: tl.constexpr, INT8: tl.constexpr, STATIC: tl.constexpr,
+):  # fmt: skip
+    """One token's [heads, head_dim] as codes plus a scale per head (STATIC: codes with the
+    scales at scale_at, none written); rounding as in kv/quant.py (IEEE division, to nearest
+    even), so both backends write the same bytes."""
     x = tl.load(src + offs, mask=hmask[:, None], other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), 1)
-    scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, QMAX, tl.float32)), MIN_SCALE)
+    if STATIC:
+        scale = tl.load(scale_at + h, mask=hmask, other=1.0)
+    else:
+        amax = tl.max(tl.abs(x), 1)
+        scale = tl.math.div_rn(amax, tl.full(amax.shape, QMAX, tl.float32))
+        scale = tl.maximum(scale, MIN_SCALE)
     y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
     y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
     codes = libdevice.rint(y).to(tl.int8) if INT8 else y.to(dst.dtype.element_ty)
     tl.store(dst + offs, codes, mask=hmask[:, None])
-    tl.store(scale_dst + h, scale, mask=hmask)
+    if not STATIC:
+        tl.store(scale_at + h, scale, mask=hmask)
 
 
 @triton.jit
@@ -66,7 +76,7 @@ def _store_kv_quant_kernel(
     k_ptr, v_ptr, k_cache, v_cache, k_scale, v_scale, slot_mapping,
     stride_k, stride_v, stride_slot, stride_sslot,
     KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    QMAX: tl.constexpr, INT8: tl.constexpr, PDL: tl.constexpr,
+    QMAX: tl.constexpr, INT8: tl.constexpr, STATIC: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     let_next_start(PDL)
     wait_for_inputs(PDL)
@@ -79,11 +89,11 @@ def _store_kv_quant_kernel(
     offs = h[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     _quantize_store(
         k_ptr + t * stride_k, k_cache + slot * stride_slot, k_scale + slot * stride_sslot,
-        offs, h, hmask, QMAX, INT8,
+        offs, h, hmask, QMAX, INT8, STATIC,
     )  # fmt: skip
     _quantize_store(
         v_ptr + t * stride_v, v_cache + slot * stride_slot, v_scale + slot * stride_sslot,
-        offs, h, hmask, QMAX, INT8,
+        offs, h, hmask, QMAX, INT8, STATIC,
     )  # fmt: skip
 
 
@@ -99,7 +109,8 @@ def store_kv(
     qmax: float | None = None,
 ) -> None:  # fmt: skip
     """k, v: [T, kv_heads, head_dim] into the cache at slot_mapping[T] (negative: skipped);
-    with `scales` (K's and V's [num_slots, kv_heads] float32), quantized to codes <= qmax."""
+    with `scales` (K's and V's [num_slots, kv_heads] float32), quantized to codes <= qmax:
+    with a scale per slot, written there, or with a static format's (stride 0 over slots)."""
     k, v = _dense_rows(k), _dense_rows(v)
     if scales is not None:
         assert qmax is not None
@@ -109,7 +120,7 @@ def store_kv(
             k.stride(0), v.stride(0), k_cache.stride(0), scales[0].stride(0),
             KV_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
             HEAD_DIM=head_dim, QMAX=qmax, INT8=k_cache.dtype == torch.int8,
-            **launch_options(k.device),
+            STATIC=scales[0].stride(0) == 0, **launch_options(k.device),
         )  # fmt: skip
         return
     k, v = k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)

@@ -11,6 +11,7 @@ import torch
 
 from kamado.config import EngineConfig, ModelConfig
 from kamado.kv.cache import bytes_per_block
+from kamado.kv.calibration import calibrated, calibration_ids
 from kamado.kv.quant import KVFormat, kv_format
 from kamado.models import load_model_config, resolve_model
 from kamado.models.loader import iter_weights
@@ -67,6 +68,9 @@ def load_for_engine(config: EngineConfig) -> LoadedForEngine:
     if config.max_model_len is not None:
         limit = min(limit, config.max_model_len)
     max_model_len = min(limit, num_blocks * config.block_size)
+    if fmt.static:  # its scales come from the model itself: after the weights, before the cache
+        ids = calibration_ids(source, model_config.vocab_size)
+        fmt = calibrated(fmt, model, model_config, dtype, config.device, ids)
     return LoadedForEngine(model_config, model, dtype, fmt, num_blocks, max_model_len, reports)
 
 
@@ -90,13 +94,16 @@ def host_tier_bytes(config: EngineConfig) -> int:
 def kv_fingerprint(
     config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, fmt: KVFormat
 ) -> bytes:
-    """Names whose K/V a cached block holds: model weights, dtype, KV cache dtype and block
-    layout. Blocks saved under another fingerprint are never loaded."""
+    """Names whose K/V a cached block holds: model weights, dtype, KV cache dtype (and its
+    static scales) and block layout. Blocks saved under another fingerprint are never
+    loaded."""
     h = hashlib.blake2b(digest_size=16)
     # Surgery changes the K/V a model computes: blocks of one variant never serve another.
     steps = weight_step_names(config)
     layout = (model_config, str(dtype), fmt.name, config.block_size, config.seed, steps)
     h.update(repr(layout).encode())
+    if fmt.scales is not None:  # codes read with other static scales would be other values
+        h.update(fmt.scales.numpy().tobytes())
     source = resolve_model(config.model)
     if source.path is None:
         h.update(f"synthetic:{source.name}".encode())

@@ -2,7 +2,9 @@
 
 A slot is one token position; block b owns slots [b * block_size, (b + 1) * block_size).
 In a quantized format (kv/quant.py) those tensors hold 8-bit codes, and per layer one K and
-one V tensor of [num_slots, kv_heads] float32 hold their scales.
+one V tensor of [num_slots, kv_heads] float32 hold their scales: a scale per slot, or in a
+static format the layer's [kv_heads] scales seen through stride 0 over the slots, so that
+readers index both alike.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ def bytes_per_block(
     """Bytes one block takes in every layer, scales included; `fmt` None: stored in dtype."""
     fmt = fmt or KVFormat("auto", dtype, None)
     token_bytes = config.num_kv_heads * config.head_dim * fmt.storage.itemsize  # K or V, a layer
-    if fmt.scaled:
+    if fmt.per_token:
         token_bytes += config.num_kv_heads * 4  # a float32 scale per kv head
     return 2 * config.num_layers * block_size * token_bytes
 
@@ -52,24 +54,35 @@ class KVCache:
         self.v = [
             torch.empty(shape, dtype=storage, device=device) for _ in range(config.num_layers)
         ]
-        scales = config.num_layers if self.format.scaled else 0
-        self.k_scale = [torch.empty(shape[:2], device=device) for _ in range(scales)]
-        self.v_scale = [torch.empty(shape[:2], device=device) for _ in range(scales)]
+        self.k_scale: list[torch.Tensor] = []
+        self.v_scale: list[torch.Tensor] = []
+        if self.format.static:
+            assert self.format.scales is not None, "a static KV format is calibrated first"
+            k_static, v_static = self.format.scales.to(device=device, dtype=torch.float32)
+            self.k_scale = [s.expand(shape[:2]) for s in k_static]
+            self.v_scale = [s.expand(shape[:2]) for s in v_static]
+        elif self.format.scaled:
+            self.k_scale = [torch.empty(shape[:2], device=device) for _ in self.k]
+            self.v_scale = [torch.empty(shape[:2], device=device) for _ in self.v]
         # A block's bytes in each tensor, in the order of its flat form (read_block).
         self._part_bytes = [block_size * t[0].numel() * t.element_size() for t in self._tensors()]
         self.block_bytes = sum(self._part_bytes)
 
     def _tensors(self) -> list[torch.Tensor]:
-        """Every tensor indexed by slot: codes (or values), then scales."""
+        """Every tensor that holds a slot's own bytes: codes (or values), then scales."""
+        if not self.format.per_token:
+            return [*self.k, *self.v]
         return [*self.k, *self.v, *self.k_scale, *self.v_scale]
 
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new K/V [T, kv_heads, head_dim] at `slots` [T], quantizing if the format does."""
         for cache, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
             if self.format.scaled:
-                codes, scale = quantize(x, self.format)
+                static = scales[layer][0] if self.format.static else None  # [kv_heads]
+                codes, scale = quantize(x, self.format, static)
                 _bytes(cache[layer]).index_copy_(0, slots, _bytes(codes))
-                scales[layer].index_copy_(0, slots, scale)
+                if static is None:
+                    scales[layer].index_copy_(0, slots, scale)
             else:
                 cache[layer].index_copy_(0, slots, x.to(cache[layer].dtype))
 

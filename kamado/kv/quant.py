@@ -1,5 +1,6 @@
-"""KV cache storage formats: the model's own dtype, or 8-bit codes (int8, fp8 e4m3) with one
-float32 scale per token and kv head.
+"""KV cache storage formats: the model's own dtype, or 8-bit codes (int8, fp8 e4m3) with
+scales: one float32 scale per token and kv head (int8, fp8), or one calibrated scale per
+layer and kv head (fp8-static).
 
 Why one scale per (token, kv head): a token's K/V is written once, when it is computed, and
 never changes. A scale taken from that head vector alone needs no calibration data, never
@@ -9,13 +10,21 @@ that a static per-tensor scale would either clip or spend its range on. It costs
 per head_dim codes: 4 / head_dim bytes per element (3.1 % at head_dim 128, 6.3 % at 64).
 
 fp8 needs the scale too: e4m3's normal range starts at 2^-6, and V vectors of real models
-sit largely below it, where e4m3 keeps only a few bits.
+sit largely below it, where e4m3 keeps only a few bits. And a scale of the vector's own
+largest value stores that value exactly (as 448), where a coarser one rounds it by up to
+1/16: in K that value is often an outlier channel that dominates the scores.
+
+fp8-static drops the per-token bytes, so the cache holds exactly twice the tokens of a
+16-bit one: the scales come from the model's own K/V over a calibration text when it
+loads (kv/calibration.py), with headroom. e4m3's exponent still follows token-to-token
+swings in magnitude; what it gives up is the exact largest value (fidelity side by side in
+README, "Quantized KV cache").
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,13 +40,21 @@ MIN_SCALE = torch.finfo(torch.float32).tiny
 
 @dataclass(frozen=True)
 class KVFormat:
-    name: str  # auto | int8 | fp8
+    name: str  # auto | int8 | fp8 | fp8-static
     storage: torch.dtype  # element dtype of the cache tensors
     qmax: float | None  # largest code magnitude; None: stored as is, no scales
+    static: bool = False  # one scale per (layer, kv head), not one per token
+    # A static format's scales once calibrated: [2 (K, V), layers, kv_heads] float32.
+    scales: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def scaled(self) -> bool:
         return self.qmax is not None
+
+    @property
+    def per_token(self) -> bool:
+        """Whether each token's scales are stored beside its codes."""
+        return self.scaled and not self.static
 
     @property
     def label(self) -> str:
@@ -59,15 +76,28 @@ def kv_format(name: str, model_dtype: torch.dtype, device: torch.device | str) -
             log.warning("this GPU has no fp8 conversions: the KV cache is stored as int8")
             return KVFormat("int8", torch.int8, INT8_MAX)
         return KVFormat("fp8", torch.float8_e4m3fn, FP8_MAX)
+    if name == "fp8-static":
+        device = torch.device(device)
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            raise ValueError(
+                "--kv-cache-dtype fp8-static needs fp8 conversions (compute capability 8.9 "
+                "or newer); this GPU has none: use int8"
+            )
+        return KVFormat("fp8-static", torch.float8_e4m3fn, FP8_MAX, static=True)
     raise ValueError(f"unknown KV cache dtype {name!r}; available: {', '.join(KV_CACHE_DTYPES)}")
 
 
-def quantize(x: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(
+    x: torch.Tensor, fmt: KVFormat, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., head_dim] -> codes of the same shape in fmt.storage, and float32 scales [...]
-    with x ~= codes * scale. Rounds to nearest (ties to even), as the Triton store does."""
+    with x ~= codes * scale: `scale` where given (a static format's, [kv_heads]), else one
+    per vector. Rounds to nearest (ties to even), as the Triton store does; values past
+    the codes' range are clamped to it."""
     assert fmt.qmax is not None
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1) / fmt.qmax).clamp_min(MIN_SCALE)
+    if scale is None:
+        scale = (xf.abs().amax(dim=-1) / fmt.qmax).clamp_min(MIN_SCALE)
     y = (xf / scale[..., None]).clamp(-fmt.qmax, fmt.qmax)
     codes = y.round().to(torch.int8) if fmt.storage == torch.int8 else y.to(fmt.storage)
     return codes, scale

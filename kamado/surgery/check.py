@@ -17,14 +17,13 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from kamado.attention.backend import SeqChunk
 from kamado.bench.throughput import kamado_throughput
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
 from kamado.kv.cache import KVCache
 from kamado.models import load_tokenizer, resolve_model
-from kamado.models.transformer import StepContext
+from kamado.models.prefill import prefill_hidden
 from kamado.surgery.check_texts import PERPLEXITY_TEXT, PROMPTS
 from kamado.surgery.pipeline import module_bytes
 
@@ -124,20 +123,12 @@ def teacher_forced_logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
     """Float32 logits at every position of ids, one prefill through the engine's model in a
     KV cache of its own, in the engine's KV format (a KV step's loss is scored too)."""
     runner = engine.runner
-    block = runner.block_size
-    blocks = -(-len(ids) // block)
+    blocks = -(-len(ids) // runner.block_size)
     cache = KVCache(
-        engine.model_config, blocks, block, engine.dtype, runner.device, engine.kv_format
-    )
-    metadata = runner.backend.build_metadata(
-        [SeqChunk(len(ids), len(ids), list(range(blocks)))], block
-    )
-    runner.rope.reserve(len(ids))
-    ctx = StepContext(runner.rope, runner.backend, cache, metadata)
-    device = runner.device
-    hidden = runner.forward(
-        torch.tensor(ids, device=device), torch.arange(len(ids), device=device), ctx
-    )
+        engine.model_config, blocks, runner.block_size, engine.dtype, runner.device,
+        engine.kv_format,
+    )  # fmt: skip
+    hidden = prefill_hidden(runner.forward, runner.rope, runner.backend, cache, ids)
     return runner.forward.logits(hidden).cpu()
 
 

@@ -1,5 +1,5 @@
-"""Surgery names `kv-fp8` and `kv-int8`: the KV cache's storage dtype. They change no
-weights; they set EngineConfig.kv_cache_dtype, which the KV cache reads."""
+"""Surgery names `kv-fp8`, `kv-fp8-static` and `kv-int8`: the KV cache's storage dtype.
+They change no weights; they set EngineConfig.kv_cache_dtype, which the KV cache reads."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 
 from kamado.config import EngineConfig
 
-KV_STEPS = {"kv-fp8": "fp8", "kv-int8": "int8"}
+KV_STEPS = {"kv-fp8": "fp8", "kv-fp8-static": "fp8-static", "kv-int8": "int8"}
 
 
 def with_kv_surgery(config: EngineConfig) -> EngineConfig:

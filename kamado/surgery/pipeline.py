@@ -3,8 +3,8 @@ loads, each reporting the memory it saved.
 
 Steps run in stage order whatever the order on the command line: keep-quantized GGUF
 weights are read first, then projections are fused, then weights are compressed (so the
-fused matrices are compressed whole). The KV-cache names (kv-fp8, kv-int8) are not weight
-steps: they set EngineConfig.kv_cache_dtype (see kv.py).
+fused matrices are compressed whole). The KV-cache names (kv-fp8, kv-fp8-static, kv-int8)
+are not weight steps: they set EngineConfig.kv_cache_dtype (see kv.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Tolerance: both backends see the same bf16 inputs; the reference is the torch ba
 in float32 on those inputs, and the Triton output (bf16, float32 accumulation) must be
 within 1e-2 of it in relative Frobenius norm, as must the torch backend's own bf16 output.
 
-With a quantized KV cache (int8, fp8) both backends read the same codes: the Triton output
+With a quantized KV cache (int8, fp8, fp8-static with scales from the context's largest
+values, as calibration takes them) both backends read the same codes: the Triton output
 must be within 1e-2 of the torch backend's over that cache, and within QUANT_TOLERANCE of
 the float32 reference over unquantized K/V (the quantization error itself: on these
 Gaussian K/V the torch backend measures under 1 % for int8, 3-4 % for fp8 on CPU). The
@@ -13,6 +14,7 @@ Triton store must write the codes and scales the torch backend writes.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -27,16 +29,20 @@ from kamado.attention.torch_backend import TorchAttention  # noqa: E402
 from kamado.attention.triton_backend import TritonAttention, extend_splits  # noqa: E402
 from kamado.config import ModelConfig  # noqa: E402
 from kamado.kv.cache import KVCache  # noqa: E402
+from kamado.kv.calibration import static_scales  # noqa: E402
 from kamado.kv.quant import kv_format  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
 TOLERANCE = 1e-2
-QUANT_TOLERANCE = {"int8": 3e-2, "fp8": 8e-2}
+QUANT_TOLERANCE = {"int8": 3e-2, "fp8": 8e-2, "fp8-static": 8e-2}
 
 
 def attend(backend, chunks, q, k, v, cache_k, cache_v, config, block_size, dtype, kv="auto"):
     fmt = kv_format(kv, dtype, CUDA)
+    if fmt.static:
+        amax = torch.stack([x.float().abs().amax(dim=(0, 2)) for x in (cache_k, cache_v)])
+        fmt = dataclasses.replace(fmt, scales=static_scales(amax[:, None], fmt.qmax))
     cache = KVCache(config, cache_k.shape[0] // block_size, block_size, dtype, CUDA, fmt)
     cache.store(0, torch.arange(cache_k.shape[0], device=CUDA), cache_k, cache_v)
     metadata = backend.build_metadata(chunks, block_size)
@@ -153,7 +159,7 @@ def test_sliding_window(window):
     check([1, 1, 300, 40], [50, 3000, 2000, 40], 8, 2, 16, window=window)
 
 
-@pytest.mark.parametrize("kv", ["int8", "fp8"])
+@pytest.mark.parametrize("kv", ["int8", "fp8", "fp8-static"])
 @pytest.mark.parametrize(
     ("query_lens", "context_lens", "heads", "kv_heads", "block_size", "head_dim", "window"),
     [

@@ -36,7 +36,12 @@ from kamado.surgery.formats import pack_int4  # noqa: E402
 HOPPER = GPUTarget("cuda", 90, 32)
 # Qwen3-8B's attention: 32 query heads, 8 KV heads of 128; a small paged cache.
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCKS = 32, 8, 128, 16, 8
-CACHE_CODES = {"bf16": torch.bfloat16, "int8": torch.int8, "fp8": torch.float8_e4m3fn}
+CACHE_CODES = {
+    "bf16": torch.bfloat16,
+    "int8": torch.int8,
+    "fp8": torch.float8_e4m3fn,
+    "fp8-static": torch.float8_e4m3fn,  # a scale per layer and kv head: stride 0 over slots
+}
 
 
 @dataclass
@@ -97,8 +102,15 @@ def cpu_randn(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
 def cache(codes: str) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
     shape = (BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     k, v = (torch.zeros(shape, dtype=CACHE_CODES[codes]) for _ in range(2))
-    scales = None if codes == "bf16" else (torch.ones(shape[:2]), torch.ones(shape[:2]))
-    return k, v, scales
+    if codes == "bf16":
+        return k, v, None
+    if codes == "fp8-static":
+        return (
+            k,
+            v,
+            (torch.ones(KV_HEADS).expand(shape[:2]), torch.ones(KV_HEADS).expand(shape[:2])),
+        )
+    return k, v, (torch.ones(shape[:2]), torch.ones(shape[:2]))
 
 
 def decode_attention(codes: str) -> None:
@@ -131,7 +143,7 @@ def extend_attention(codes: str) -> None:
 def store_kv(codes: str) -> None:
     k, v, scales = cache(codes)
     new = cpu_randn(3, KV_HEADS, HEAD_DIM)
-    qmax = {"bf16": None, "int8": 127.0, "fp8": 448.0}[codes]
+    qmax = {"bf16": None, "int8": 127.0, "fp8": 448.0, "fp8-static": 448.0}[codes]
     attention.store_kv(new, new, k, v, torch.tensor([0, 5, -1]), scales, qmax)
 
 

@@ -96,8 +96,9 @@ def test_corrupted_files_are_ignored_and_removed(tiny_models, tmp_path):
         ({}, {"kv_cache_dtype": "int8"}),
         # Same bytes per block, other codes: only the fingerprint tells them apart.
         ({"kv_cache_dtype": "int8"}, {"kv_cache_dtype": "fp8"}),
+        ({"kv_cache_dtype": "fp8"}, {"kv_cache_dtype": "fp8-static"}),
     ],
-    ids=["other-dtype", "other-model", "auto-then-int8", "int8-then-fp8"],
+    ids=["other-dtype", "other-model", "auto-then-int8", "int8-then-fp8", "fp8-then-static"],
 )
 def test_files_of_another_model_or_dtype_are_never_loaded(tiny_models, tmp_path, ours, other):
     path, _ = tiny_models["llama"]
@@ -139,7 +140,7 @@ def test_the_directory_stays_under_its_cap_dropping_the_least_recent(tmp_path):
     assert torch.equal(tier.load(keys[2]).view(torch.float32).view(shape), torch.full(shape, 2.0))
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8", "fp8-static"])
 def test_quantized_blocks_come_back_from_disk_after_a_restart(
     tiny_models, tmp_path, kv_cache_dtype
 ):

@@ -28,10 +28,10 @@ from tests.engine.conftest import hf_greedy
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 # (greedy, top-1) floors. Measured against transformers: smollm2 int8 73.9 % / 98.6 %, fp8
-# 63.9 % / 97.2 %. qwen2.5-coder-0.5b, against kamado bf16 with an unquantized cache (its
+# 63.9 % / 97.2 %, fp8-static 64.7 % / 95.8 % (2026-12-05). qwen2.5-coder-0.5b, against kamado bf16 with an unquantized cache (its
 # run against transformers did not finish on the loaded dev machine): int8 78.9 % / 97.7 %,
 # fp8 62.0 % / 97.7 %.
-FLOORS = {"int8": (0.60, 0.96), "fp8": (0.50, 0.95)}
+FLOORS = {"int8": (0.60, 0.96), "fp8": (0.50, 0.95), "fp8-static": (0.50, 0.94)}
 
 
 # smollm2 only: qwen2.5-coder-0.5b against transformers in float32 takes longer than the
@@ -50,7 +50,7 @@ def reference_run(request):
     return request.param, path, prompts, expected
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8", "fp8-static"])
 def test_greedy_tokens_agree_with_transformers(reference_run, kv_cache_dtype):
     name, path, prompts, expected = reference_run
     llm = LLM(str(path), dtype="float32", kv_cache_bytes=64 << 20, kv_cache_dtype=kv_cache_dtype)
