@@ -216,8 +216,8 @@ class PrefixCache:
             copy = self.pool.allocate(after=seq.block_table[-1] if seq.block_table else None)
             if self.transfers is not None:
                 self.transfers.save_evicted()  # the copy may land in a block just evicted
-            # Every KV format scales per token: the copied tokens stay exact as the
-            # sequence overwrites the rest of the block.
+            # Every KV format scales per token or per layer, never per block: the copied
+            # tokens stay exact as the sequence overwrites the rest of the block.
             self.cache.copy_block(match.block, copy)
             seq.block_table.append(copy)
             seq.num_computed += match.num_tokens
