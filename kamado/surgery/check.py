@@ -34,6 +34,7 @@ SPEED_ROUNDS = 3
 class VariantResult:
     surgery: str
     weight_bytes: int
+    kv_bytes_per_token: int  # every layer's K and V, scales included
     steps: list[str]
     greedy_same: int  # prompts whose continuation equals the unmodified model's
     greedy_prefix: float  # mean share of tokens before the first difference
@@ -65,6 +66,7 @@ def run_check(
             VariantResult(
                 surgery=",".join(surgery) or "none",
                 weight_bytes=module_bytes(engine.runner.model),
+                kv_bytes_per_token=engine.runner.cache.block_bytes // engine.runner.block_size,
                 steps=[r.line() for r in engine.surgery],
                 greedy_same=sum(t == b for t, b in zip(tokens, greedy[0], strict=True)),
                 greedy_prefix=statistics.mean(
@@ -146,14 +148,15 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 def format_table(results: list[VariantResult], num_prompts: int) -> str:
     base = results[0]
     lines = [
-        f"{'surgery':16s} {'weights MiB':>11s} {'saved':>6s} {'greedy same':>11s} "
+        f"{'surgery':16s} {'weights MiB':>11s} {'saved':>6s} {'KV B/token':>10s} "
+        f"{'greedy same':>11s} "
         f"{'prefix':>6s} {'top-1':>6s} {'ppl':>7s} {'ppl +%':>6s} {'decode tok/s':>12s} "
         f"{'speed':>6s}"
     ]
     for r in results:
         lines.append(
             f"{r.surgery:16s} {r.weight_bytes / 2**20:11.1f} "
-            f"{1 - r.weight_bytes / base.weight_bytes:6.0%} "
+            f"{1 - r.weight_bytes / base.weight_bytes:6.0%} {r.kv_bytes_per_token:10,d} "
             f"{f'{r.greedy_same}/{num_prompts}':>11s} {r.greedy_prefix:6.0%} {r.top1:6.1%} "
             f"{r.perplexity:7.3f} {r.perplexity / base.perplexity - 1:+6.1%} "
             f"{r.decode_tok_s:12.1f} {r.decode_tok_s / (base.decode_tok_s or 1):5.2f}x"
