@@ -12,7 +12,8 @@ per head_dim codes: 4 / head_dim bytes per element (3.1 % at head_dim 128, 6.3 %
 fp8 needs the scale too: e4m3's normal range starts at 2^-6, and V vectors of real models
 sit largely below it, where e4m3 keeps only a few bits. And a scale of the vector's own
 largest value stores that value exactly (as 448), where a coarser one rounds it by up to
-1/16: in K that value is often an outlier channel that dominates the scores.
+1/16: a power-of-two scale per token lost as much fidelity as a static one
+(`scripts/kv_fp8_scales.py`).
 
 fp8-static drops the per-token bytes, so the cache holds exactly twice the tokens of a
 16-bit one: the scales come from the model's own K/V over a calibration text when it
