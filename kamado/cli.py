@@ -18,6 +18,16 @@ def _surgery(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _kv_formats(text: str) -> tuple[str, ...]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in KV_CACHE_DTYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown KV cache dtype {unknown[0]!r}; available: {', '.join(KV_CACHE_DTYPES)}"
+        )
+    return ("auto", *dict.fromkeys(n for n in names if n != "auto"))
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -137,6 +147,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="--agents, --fairness: cpu or cuda")
     p.add_argument("--kv-cache", action="store_true", help="int8/fp8 KV cache vs the model's dtype")
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV budget (--kv-cache)")
+    p.add_argument(
+        "--kv-formats",
+        type=_kv_formats,
+        default=KV_CACHE_DTYPES,
+        help="--kv-cache: the formats, comma-separated (auto always first; default: all). "
+        "Each is an engine with its own weights, all alive at once",
+    )
     p.add_argument(
         "--batch",
         type=int,

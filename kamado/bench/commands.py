@@ -75,7 +75,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             results = run_kv_cache_bench(
                 model, device, args.dtype, int(args.kv_cache_gb * (1 << 30)), args.batch or 4,
-                args.prompt_len or 2048, args.gen_len or 32,
+                args.prompt_len or 2048, args.gen_len or 32, formats=args.kv_formats,
             )  # fmt: skip
         except ValueError as e:  # the budget cannot hold the batch
             print(f"kamado bench: {e}", file=sys.stderr)

@@ -254,3 +254,19 @@ def test_the_fairness_records_stay_out_of_the_garbage_collectors_scans():
     assert not any(gc.is_tracked(row) for row in streams._rows)
     assert all(isinstance(g, Gap) and g.seconds > 0 for g in streams.gaps())
     streams.close()
+
+
+def test_kv_cache_bench_runs_the_formats_asked_for_beside_the_model_dtype(tmp_path):
+    out = tmp_path / "kv.json"
+    args = ["bench", "--kv-cache", "--model", TINY, "--dtype", "float32"]
+    args += ["--kv-formats", "fp8-static,int8"]
+    sizes = ["--kv-cache-gb", "0.01", "--batch", "2", "--prompt-len", "32", "--gen-len", "4"]
+    assert main([*args, *sizes, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]["rows"]
+    assert [r["kv_cache_dtype"] for r in rows] == ["auto", "fp8-static", "int8"]
+    auto, static, int8 = rows
+    assert static["bytes_per_token"] * 4 == auto["bytes_per_token"]  # float32 on CPU
+    assert int8["bytes_per_token"] > static["bytes_per_token"]  # its scales
+    assert 0.0 <= static["agreement"] <= 1.0 and 0.0 <= static["top1_agreement"] <= 1.0
+    with pytest.raises(SystemExit):  # argparse: a clear message, exit status 2
+        main(["bench", "--kv-cache", "--kv-formats", "fp9"])
