@@ -68,6 +68,8 @@ def test_kv_names_set_the_kv_cache_dtype():
     config = with_kv_surgery(EngineConfig(surgery=("int8", "kv-fp8")))
     assert config.kv_cache_dtype == "fp8"
     assert with_kv_surgery(EngineConfig(surgery=("kv-int8",))).kv_cache_dtype == "int8"
+    static = with_kv_surgery(EngineConfig(surgery=("kv-fp8-static",)))
+    assert static.kv_cache_dtype == "fp8-static"
     with pytest.raises(ValueError, match="conflicts"):
         with_kv_surgery(EngineConfig(surgery=("kv-fp8",), kv_cache_dtype="int8"))
 
@@ -105,7 +107,7 @@ def test_surgery_keeps_logits_near_the_unmodified_model(arch, step, tolerance):
     assert relative_error(got, reference) < tolerance
 
 
-@pytest.mark.parametrize("step", ["kv-int8", "kv-fp8"])
+@pytest.mark.parametrize("step", ["kv-int8", "kv-fp8", "kv-fp8-static"])
 def test_the_scorer_reads_k_and_v_in_the_engines_kv_format(step):
     # `surgery check` scores a KV step by these logits: read from a cache of the model's
     # dtype, they would score it as lossless.
