@@ -72,20 +72,23 @@ def kv_format(name: str, model_dtype: torch.dtype, device: torch.device | str) -
     if name == "int8":
         return KVFormat("int8", torch.int8, INT8_MAX)
     if name == "fp8":
-        device = torch.device(device)
-        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        if not _has_fp8(device):
             log.warning("this GPU has no fp8 conversions: the KV cache is stored as int8")
             return KVFormat("int8", torch.int8, INT8_MAX)
         return KVFormat("fp8", torch.float8_e4m3fn, FP8_MAX)
     if name == "fp8-static":
-        device = torch.device(device)
-        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        if not _has_fp8(device):
             raise ValueError(
                 "--kv-cache-dtype fp8-static needs fp8 conversions (compute capability 8.9 "
                 "or newer); this GPU has none: use int8"
             )
         return KVFormat("fp8-static", torch.float8_e4m3fn, FP8_MAX, static=True)
     raise ValueError(f"unknown KV cache dtype {name!r}; available: {', '.join(KV_CACHE_DTYPES)}")
+
+
+def _has_fp8(device: torch.device | str) -> bool:
+    device = torch.device(device)
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def quantize(
