@@ -114,14 +114,22 @@ def calibration_ids(source: ModelSource, vocab_size: int) -> list[int]:
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
-        return tokenizer.encode(CALIBRATION_SYSTEM + "\n\n" + CALIBRATION_USER)
-    messages = [
-        {"role": "system", "content": CALIBRATION_SYSTEM},
-        {"role": "user", "content": CALIBRATION_USER},
-    ]
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    return tokenizer.encode(text, add_special_tokens=False)
+    both = CALIBRATION_SYSTEM + "\n\n" + CALIBRATION_USER
+    if getattr(tokenizer, "chat_template", None):
+        # Some templates refuse a system turn (Mistral's, Gemma's): then one user turn.
+        for messages in (
+            [
+                {"role": "system", "content": CALIBRATION_SYSTEM},
+                {"role": "user", "content": CALIBRATION_USER},
+            ],
+            [{"role": "user", "content": both}],
+        ):
+            try:
+                text = tokenizer.apply_chat_template(messages, tokenize=False)
+            except Exception:  # jinja's raise_exception and type errors alike
+                continue
+            return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(both)
 
 
 @torch.no_grad()  # not inference mode: the scales outlive it, in every later step

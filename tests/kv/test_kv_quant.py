@@ -25,7 +25,13 @@ from kamado.config import ModelConfig
 from kamado.engine.model_loading import kv_fingerprint
 from kamado.engine.sampling_params import SamplingParams
 from kamado.kv.cache import KVCache, bytes_per_block
-from kamado.kv.calibration import calibration_ids, static_scales
+from kamado.kv.calibration import (
+    CALIBRATION_SYSTEM,
+    CALIBRATION_TOKENS,
+    CALIBRATION_USER,
+    calibration_ids,
+    static_scales,
+)
 from kamado.kv.quant import FP8_MAX, KVFormat, dequantize, kv_format, quantize
 from kamado.models import load_model_config, resolve_model
 from kamado.models.prefill import prefill_hidden
@@ -273,3 +279,24 @@ def test_blocks_under_other_static_scales_have_another_fingerprint(tiny_models):
     ours = kv_fingerprint(engine.config, engine.model_config, engine.dtype, fmt)
     other = dataclasses.replace(fmt, scales=fmt.scales * 2)
     assert kv_fingerprint(engine.config, engine.model_config, engine.dtype, other) != ours
+
+
+class RefusesSystemTurns:
+    """A tokenizer whose chat template raises on a system turn, as Mistral's does."""
+
+    chat_template = "user turns only"
+
+    def apply_chat_template(self, messages: list[dict], tokenize: bool) -> str:
+        if messages[0]["role"] == "system":
+            raise ValueError("Conversation roles must alternate user/assistant/user/...")
+        return "".join(f"[INST] {m['content']} [/INST]" for m in messages)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % 256 for c in text]
+
+
+def test_calibration_takes_one_user_turn_where_the_template_refuses_a_system_turn(monkeypatch):
+    monkeypatch.setattr("kamado.kv.calibration.load_tokenizer", lambda source: RefusesSystemTurns())
+    ids = calibration_ids(resolve_model("synthetic:tiny-qwen2"), 512)
+    expected = RefusesSystemTurns().encode(f"[INST] {CALIBRATION_SYSTEM}\n\n{CALIBRATION_USER}")
+    assert ids == expected[:CALIBRATION_TOKENS]
