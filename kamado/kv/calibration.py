@@ -22,10 +22,9 @@ import torch
 
 from kamado.attention.backend import make_backend
 from kamado.config import ModelConfig
-from kamado.kv.cache import KVCache
 from kamado.kv.quant import MIN_SCALE, KVFormat
 from kamado.models.errors import ModelLoadError
-from kamado.models.prefill import prefill_hidden
+from kamado.models.prefill import prefill_alone
 from kamado.models.rope import RotaryEmbedding
 from kamado.models.source import ModelSource
 from kamado.models.tokenizer import load_tokenizer
@@ -145,10 +144,9 @@ def calibrated(
     the K/V the model computes over `ids` (stored in the model's dtype)."""
     assert fmt.static and fmt.qmax is not None
     device = torch.device(device)
-    blocks = -(-len(ids) // CALIBRATION_BLOCK)
-    cache = KVCache(config, blocks, CALIBRATION_BLOCK, dtype, device)
     backend = make_backend("torch", device, config.sliding_window)
-    prefill_hidden(model, RotaryEmbedding(config, device), backend, cache, ids)
+    rope = RotaryEmbedding(config, device)
+    _, cache = prefill_alone(model, rope, backend, ids, config, dtype, device, CALIBRATION_BLOCK)
     amax = torch.stack(
         [
             torch.stack([t[: len(ids)].float().abs().amax(dim=(0, 2)) for t in ts])

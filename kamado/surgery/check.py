@@ -21,9 +21,8 @@ from kamado.bench.throughput import kamado_throughput
 from kamado.config import EngineConfig
 from kamado.engine.core import EngineCore
 from kamado.engine.sampling_params import SamplingParams
-from kamado.kv.cache import KVCache
 from kamado.models import load_tokenizer, resolve_model
-from kamado.models.prefill import prefill_hidden
+from kamado.models.prefill import prefill_alone
 from kamado.surgery.check_texts import PERPLEXITY_TEXT, PROMPTS
 from kamado.surgery.pipeline import module_bytes
 
@@ -125,12 +124,10 @@ def teacher_forced_logits(engine: EngineCore, ids: list[int]) -> torch.Tensor:
     """Float32 logits at every position of ids, one prefill through the engine's model in a
     KV cache of its own, in the engine's KV format (a KV step's loss is scored too)."""
     runner = engine.runner
-    blocks = -(-len(ids) // runner.block_size)
-    cache = KVCache(
-        engine.model_config, blocks, runner.block_size, engine.dtype, runner.device,
-        engine.kv_format,
+    hidden, _ = prefill_alone(
+        runner.forward, runner.rope, runner.backend, ids, engine.model_config, engine.dtype,
+        runner.device, runner.block_size, engine.kv_format,
     )  # fmt: skip
-    hidden = prefill_hidden(runner.forward, runner.rope, runner.backend, cache, ids)
     return runner.forward.logits(hidden).cpu()
 
 

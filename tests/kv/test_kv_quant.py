@@ -34,7 +34,7 @@ from kamado.kv.calibration import (
 )
 from kamado.kv.quant import FP8_MAX, KVFormat, dequantize, kv_format, quantize
 from kamado.models import load_model_config, resolve_model
-from kamado.models.prefill import prefill_hidden
+from kamado.models.prefill import prefill_alone
 from kamado.models.synthetic import SHAPES
 from tests.engine.conftest import greedy, make_engine, run
 from tests.engine.test_batching import mixed_requests
@@ -264,8 +264,9 @@ def test_calibration_gives_its_text_the_headroom_in_every_layer_and_head(tiny_mo
     # each (K or V, layer, kv head) is its largest value over a power of two at least 4x it.
     ids = calibration_ids(resolve_model(str(path)), config.vocab_size)
     runner = engine.runner
-    cache = KVCache(config, -(-len(ids) // 16), 16, engine.dtype, CPU, fmt)
-    prefill_hidden(runner.forward, runner.rope, runner.backend, cache, ids)
+    _, cache = prefill_alone(
+        runner.forward, runner.rope, runner.backend, ids, config, engine.dtype, CPU, 16, fmt
+    )
     for codes in (*cache.k, *cache.v):
         top = codes[: len(ids)].float().abs().amax(dim=(0, 2))
         assert ((top >= FP8_MAX / 8) & (top <= FP8_MAX / 4)).all(), top
