@@ -64,7 +64,7 @@ def rowwise_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Te
             x, q, tm._optional_arg(x, scales), x, out, *tm.split_buffers(x.device), n,
             x.stride(0), q.stride(0), out.stride(0), K=k, HAS_SCALE=scales is not None,
             HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, STEP_SUMS=sums,
-            num_warps=warps, **options,
+            GATED=False, num_warps=warps, **options,
         )  # fmt: skip
 
     ms = graph_ms([lambda w=w: call(*w) for w in copies])
@@ -84,7 +84,7 @@ def int4_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Tenso
             bn, groups, warps = config
             int4_gemv.int4_gemv_kernel[(triton.cdiv(n, bn), rows)](
                 *tensors, n, *strides, K=k, GROUP=128, HAS_BIAS=False, BLOCK_N=bn,
-                GROUPS_PER_STEP=groups, num_warps=warps, **options,
+                GROUPS_PER_STEP=groups, GATED=False, num_warps=warps, **options,
             )  # fmt: skip
         else:
             groups, warps = config

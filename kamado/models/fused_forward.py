@@ -3,8 +3,8 @@
 It runs on a model whose q/k/v and gate/up projections the `fuse` surgery step has made
 one matmul each (plain or compressed: each projection is called as a module). Per layer a
 step is: add+RMSNorm, QKV matmul, qk-norm+rope in place (writing K and V into an
-unquantized cache too), attention, o_proj, add+RMSNorm, gate/up matmul, SiLU*up, down:
-about a dozen kernels instead of some sixty.
+unquantized cache too), attention, o_proj, add+RMSNorm, gate/up matmul with SiLU*up (in
+its epilogue where a GEMV does it), down: about ten kernels instead of some sixty.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from functools import partial
 import torch
 from torch import nn
 
-from kamado.models.fused_kernels import qk_norm_rope, rms_norm, silu_mul
+from kamado.models.fused_kernels import qk_norm_rope, rms_norm
 from kamado.models.transformer import LayerState, StepContext, Transformer, full_pass
+from kamado.surgery.kernel_epilogues import silu_mul
+from kamado.surgery.qlinear import QuantizedLinear
 from kamado.surgery.triton_matmul import dense_matmul
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
@@ -28,6 +30,17 @@ def projection(module: nn.Module) -> Projection:
     if type(module) is nn.Linear:
         return partial(dense_matmul, weight=module.weight, bias=module.bias)
     return module
+
+
+def gated_projection(gate_up: nn.Module) -> Projection:
+    """A fused gate/up projection followed by SiLU(gate) * up: in the GEMV's epilogue where
+    a GEMV serves the weight and the input (one kernel instead of two), else silu_mul
+    after the matmul."""
+    if type(gate_up) is nn.Linear:
+        return partial(dense_matmul, weight=gate_up.weight, bias=gate_up.bias, gated=True)
+    if isinstance(gate_up, QuantizedLinear):
+        return gate_up.silu_gated
+    return lambda x: silu_mul(gate_up(x))  # RowConcat: parts in different formats
 
 
 class FusedForward:
@@ -51,7 +64,7 @@ class FusedForward:
                     k_norm=None if attn.k_norm is None else attn.k_norm.weight,
                     o=projection(attn.o_proj),
                     post_norm=layer.post_attention_layernorm.weight,
-                    gate_up=projection(mlp.gate_up_proj),
+                    gate_up_act=gated_projection(mlp.gate_up_proj),
                     down=projection(mlp.down_proj),
                 )
             )
@@ -92,7 +105,7 @@ class FusedForward:
             )
             x = w["o"](out.reshape(t, q_dim))
             h, residual = rms_norm(x, w["post_norm"], self.eps, residual)
-            x = w["down"](silu_mul(w["gate_up"](h)))
+            x = w["down"](w["gate_up_act"](h))
         return x, residual
 
     def final_norm(self, state: LayerState) -> torch.Tensor:

@@ -127,28 +127,3 @@ def qk_norm_rope(
         HAS_NORM=has_norm, STORE_KV=kv_store is not None, num_warps=1,
         **launch_options(qkv.device),
     )  # fmt: skip
-
-
-@triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, INTER: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    let_next_start(PDL)
-    wait_for_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < INTER
-    gate = tl.load(gu_ptr + row * 2 * INTER + offs, mask=mask, other=0.0)
-    up = tl.load(gu_ptr + row * 2 * INTER + INTER + offs, mask=mask, other=0.0)
-    gf = gate.to(tl.float32)
-    act = (gf / (1.0 + tl.exp(-gf))).to(gate.dtype).to(tl.float32)
-    tl.store(out_ptr + row * INTER + offs, (act * up.to(tl.float32)).to(gate.dtype), mask=mask)
-
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[T, 2 * inter] (gate then up) -> silu(gate) * up, [T, inter]."""
-    inter = gate_up.shape[1] // 2
-    out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
-    block = 1024
-    _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(inter, block))](
-        gate_up, out, INTER=inter, BLOCK=block, **launch_options(gate_up.device)
-    )
-    return out

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from kamado.pdl import let_next_start, wait_for_inputs
 from kamado.surgery.formats import WORD_ORDER
-from kamado.surgery.kernel_epilogues import store_row
+from kamado.surgery.kernel_epilogues import store_gated_row, store_row
 
 
 def _nibble_floats(word: str) -> list[tuple[int, list[str]]]:
@@ -102,14 +102,16 @@ def _input_pairs(x_row, pairs_at, mask):
 
 
 @triton.jit
-def _row_quarter(w_ptr, sm_ptr, quarter, first, QUARTER: tl.constexpr, N, stride_wn, stride_sn,
+def _row_quarter(w_ptr, sm_ptr, start, shift, QUARTER: tl.constexpr, N, stride_wn, stride_sn,
                  words_at, gs):  # fmt: skip
-    """One quarter of a GEMV program's weight rows: (rows, rows clamped in int64, pointers
-    to their words of a step, to their groups' scales and mins)."""
-    rows = first + quarter * QUARTER + tl.arange(0, QUARTER)
+    """One quarter of a GEMV program's weight rows, the QUARTER outputs from `start`, read
+    `shift` rows on (a gated GEMV's up half): (the output rows, the output rows clamped in
+    int64, pointers to their weight rows' words of a step, to their scales and mins)."""
+    rows = start + tl.arange(0, QUARTER)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
-    w_ptrs = w_ptr + rows64[:, None, None] * stride_wn + words_at[None, :, :]
-    return rows, rows64, w_ptrs, sm_ptr + rows64[:, None] * stride_sn + 2 * gs[None, :]
+    w_rows = rows64 + shift
+    w_ptrs = w_ptr + w_rows[:, None, None] * stride_wn + words_at[None, :, :]
+    return rows, rows64, w_ptrs, sm_ptr + w_rows[:, None] * stride_sn + 2 * gs[None, :]
 
 
 @triton.jit
@@ -160,10 +162,13 @@ def _scaled(dots, scale, offset, word_sums):
 def int4_gemv_kernel(
     x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
     K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUPS_PER_STEP: tl.constexpr, PDL: tl.constexpr,
+    GROUPS_PER_STEP: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[m, rows] = x[m] @ w[rows].T on CUDA cores, w = q * scale + min (int4 words,
     scale and min per group in sm, bf16 [N, groups, 2]); x's rows start 4-byte aligned.
+    GATED: w is an MLP's gate rows then its up rows, N of each, and out[m] is
+    silu(gate) * up; a program's quarters are then two quarters of outputs' gate rows and
+    the same outputs' up rows (BLOCK_N weight rows a program either way).
 
     - A word's inputs are four pairs (formats.pack_int4), each loaded in the words' own
       layout, so no value moves between threads until the end.
@@ -181,23 +186,26 @@ def int4_gemv_kernel(
     let_next_start(PDL)
     m = tl.program_id(1).to(tl.int64)
     QUARTER: tl.constexpr = BLOCK_N // 4
-    first = tl.program_id(0) * BLOCK_N
+    first = tl.program_id(0) * (BLOCK_N // 2 if GATED else BLOCK_N)  # its first output
+    up_first = first if GATED else first + 2 * QUARTER  # quarters 2 and 3's first output
+    up_shift = N if GATED else 0
     WORDS: tl.constexpr = GROUP // 8
     NUM_GROUPS: tl.constexpr = K // GROUP
     gs = tl.arange(0, GROUPS_PER_STEP)
     words_at = gs[:, None] * WORDS + tl.arange(0, WORDS)[None, :]  # [groups, words] of a step
     r0, r0_64, w0, s0 = _row_quarter(
-        w_ptr, sm_ptr, 0, first, QUARTER, N, stride_wn, stride_sn, words_at, gs
-    )  # noqa: E501
+        w_ptr, sm_ptr, first, 0, QUARTER, N, stride_wn, stride_sn, words_at, gs
+    )  # fmt: skip
     r1, r1_64, w1, s1 = _row_quarter(
-        w_ptr, sm_ptr, 1, first, QUARTER, N, stride_wn, stride_sn, words_at, gs
-    )  # noqa: E501
+        w_ptr, sm_ptr, first + QUARTER, 0, QUARTER, N, stride_wn, stride_sn, words_at, gs
+    )  # fmt: skip
     r2, r2_64, w2, s2 = _row_quarter(
-        w_ptr, sm_ptr, 2, first, QUARTER, N, stride_wn, stride_sn, words_at, gs
-    )  # noqa: E501
+        w_ptr, sm_ptr, up_first, up_shift, QUARTER, N, stride_wn, stride_sn, words_at, gs
+    )  # fmt: skip
     r3, r3_64, w3, s3 = _row_quarter(
-        w_ptr, sm_ptr, 3, first, QUARTER, N, stride_wn, stride_sn, words_at, gs
-    )  # noqa: E501
+        w_ptr, sm_ptr, up_first + QUARTER, up_shift, QUARTER, N, stride_wn, stride_sn,
+        words_at, gs,
+    )  # fmt: skip
     x_row = x_ptr + m * stride_xm
     # Each word's first pair; its others are WORDS, 2 WORDS and 3 WORDS pairs on.
     pairs_at = gs[:, None] * (GROUP // 2) + tl.arange(0, WORDS)[None, :]
@@ -237,10 +245,16 @@ def int4_gemv_kernel(
         s2, s3 = s2 + 2 * GROUPS_PER_STEP, s3 + 2 * GROUPS_PER_STEP
         loaded = _step_loads(w0, w1, w2, w3, s0, s1, s2, s3, g0 + GROUPS_PER_STEP + gs < NUM_GROUPS)
     out_row = out_ptr + m * stride_om
-    store_row(tl.sum(tl.sum(acc0, axis=2), axis=1), b_ptr, out_row, r0, r0_64, N, HAS_BIAS)
-    store_row(tl.sum(tl.sum(acc1, axis=2), axis=1), b_ptr, out_row, r1, r1_64, N, HAS_BIAS)
-    store_row(tl.sum(tl.sum(acc2, axis=2), axis=1), b_ptr, out_row, r2, r2_64, N, HAS_BIAS)
-    store_row(tl.sum(tl.sum(acc3, axis=2), axis=1), b_ptr, out_row, r3, r3_64, N, HAS_BIAS)
+    out0, out1 = tl.sum(tl.sum(acc0, axis=2), axis=1), tl.sum(tl.sum(acc1, axis=2), axis=1)
+    out2, out3 = tl.sum(tl.sum(acc2, axis=2), axis=1), tl.sum(tl.sum(acc3, axis=2), axis=1)
+    if GATED:
+        store_gated_row(out0, out2, b_ptr, out_row, r0, r0_64, N, HAS_BIAS)
+        store_gated_row(out1, out3, b_ptr, out_row, r1, r1_64, N, HAS_BIAS)
+    else:
+        store_row(out0, b_ptr, out_row, r0, r0_64, N, HAS_BIAS)
+        store_row(out1, b_ptr, out_row, r1, r1_64, N, HAS_BIAS)
+        store_row(out2, b_ptr, out_row, r2, r2_64, N, HAS_BIAS)
+        store_row(out3, b_ptr, out_row, r3, r3_64, N, HAS_BIAS)
 
 
 @triton.jit

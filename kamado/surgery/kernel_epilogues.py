@@ -1,11 +1,14 @@
 """The last steps shared by the Triton matmul kernels (kamado.surgery.triton_matmul,
-int4_gemv, int4_tensor_cores): storing a GEMV's row or a tensor-core tile, and adding up
-split-K partial sums."""
+int4_gemv, int4_tensor_cores): storing a GEMV's row or a tensor-core tile, adding up
+split-K partial sums, and the SiLU-gated product that ends an MLP's gate/up matmul."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from kamado.pdl import launch_options, let_next_start, wait_for_inputs
 
 
 @triton.jit
@@ -15,6 +18,29 @@ def store_row(out, b_ptr, out_row_ptr, rows, rows64, N, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         out += tl.load(b_ptr + rows64).to(tl.float32)
     tl.store(out_row_ptr + rows, out.to(out_row_ptr.dtype.element_ty), mask=rows < N)
+
+
+@triton.jit
+def silu_times(gate, up):
+    """silu(gate) * up in the activation dtype of `gate` and `up`, rounded where torch's
+    F.silu(gate) * up rounds: float32 math, the SiLU cast to the dtype before the product."""
+    gf = gate.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(gate.dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
+def store_gated_row(
+    gate, up, b_ptr, out_row_ptr, rows, rows64, N, HAS_BIAS: tl.constexpr
+):  # fmt: skip
+    """A gated GEMV's last step: one input row's float32 gate and up outputs [rows] (up's
+    bias N rows after gate's), each rounded to the output's dtype as an unfused matmul
+    would store it, then silu(gate) * up stored."""
+    if HAS_BIAS:
+        gate += tl.load(b_ptr + rows64).to(tl.float32)
+        up += tl.load(b_ptr + N + rows64).to(tl.float32)
+    dtype = out_row_ptr.dtype.element_ty
+    tl.store(out_row_ptr + rows, silu_times(gate.to(dtype), up.to(dtype)), mask=rows < N)
 
 
 @triton.jit
@@ -68,3 +94,26 @@ def tile_sum(
             acc, elems, partial_ptr, arrived_ptr, tile, split, BLOCK_M * BLOCK_N, SPLIT_K
         )
     return acc, last
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, INTER: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    let_next_start(PDL)
+    wait_for_inputs(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < INTER
+    gate = tl.load(gu_ptr + row * 2 * INTER + offs, mask=mask, other=0.0)
+    up = tl.load(gu_ptr + row * 2 * INTER + INTER + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * INTER + offs, silu_times(gate, up), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2 * inter] (gate then up) -> silu(gate) * up, [T, inter]."""
+    inter = gate_up.shape[1] // 2
+    out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(inter, block))](
+        gate_up, out, INTER=inter, BLOCK=block, **launch_options(gate_up.device)
+    )
+    return out

@@ -29,6 +29,11 @@ class QuantizedLinear(nn.Module):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
+        """For a fused gate/up projection (gate's rows, then up's) on CUDA: silu(gate) * up
+        of 2-D x, in the GEMV's epilogue where one runs (triton_matmul's `gated`)."""
+        raise NotImplementedError
+
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
 
@@ -55,6 +60,11 @@ class Int8Linear(QuantizedLinear):
         if self.rowwise_cpu:
             return self._add_bias(cpu_matmul.int8_rowwise(x, self.q, self.scales))
         return self._add_bias(cpu_matmul.tiled(x, self.out_features, self._rows))
+
+    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
+        from kamado.surgery.triton_matmul import int8_matmul
+
+        return int8_matmul(x, self.q, self.scales, self.bias, gated=True)
 
     def _rows(self, a: int, b: int) -> torch.Tensor:
         q = self.q[a:b].view(b - a, self.scales.shape[1], -1).float()
@@ -90,6 +100,11 @@ class Int4Linear(QuantizedLinear):
         y = cpu_matmul.int4_grouped(x, self.packed, self.scale_zeros, self.group)
         return self._add_bias(y[:, : self.out_features])
 
+    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
+        from kamado.surgery.triton_matmul import int4_matmul
+
+        return int4_matmul(x, self.packed, self.scale_mins, self.bias, gated=True)
+
 
 class Fp8Linear(QuantizedLinear):
     """w = q * scale, q in float8 e4m3, one scale per row; CUDA on Ada/Hopper only."""
@@ -103,6 +118,11 @@ class Fp8Linear(QuantizedLinear):
         from kamado.surgery.triton_matmul import fp8_matmul
 
         return fp8_matmul(x, self.q, self.scales, self.bias)
+
+    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
+        from kamado.surgery.triton_matmul import fp8_matmul
+
+        return fp8_matmul(x, self.q, self.scales, self.bias, gated=True)
 
 
 class RowConcat(nn.Module):

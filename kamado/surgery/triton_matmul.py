@@ -36,7 +36,14 @@ from kamado.pdl import launch_options, let_next_start, wait_for_inputs
 from kamado.surgery.formats import unpack_int4
 from kamado.surgery.int4_gemv import int4_gemv_kernel, int4_gemv_rows_kernel
 from kamado.surgery.int4_tensor_cores import int4_dot_kernel, int4_mma_kernel
-from kamado.surgery.kernel_epilogues import store_row, store_tile, sum_splits, tile_sum
+from kamado.surgery.kernel_epilogues import (
+    silu_mul,
+    store_gated_row,
+    store_row,
+    store_tile,
+    sum_splits,
+    tile_sum,
+)
 
 GEMV_MAX_ROWS = 2
 # int4's GEMV for two to four input rows reads and widens each word once for all of them,
@@ -119,7 +126,7 @@ def _rowwise_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, N, stride_xm, stride_wn,
     stride_om, K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    STEP_SUMS: tl.constexpr, PDL: tl.constexpr,
+    STEP_SUMS: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row;
     or bf16/fp16 weights as they are, without scales (dense_matmul).
@@ -130,7 +137,11 @@ def _rowwise_kernel(
     STEP_SUMS sums each tile's products along K at once, keeping a float32 per row rather
     than one per tile value: a tile may then be as wide as K, so that each thread's loads
     of a whole row slice are in flight together (a GEMV of a small matrix waits on memory
-    latency, not bandwidth, when each thread has only a load or two out)."""
+    latency, not bandwidth, when each thread has only a load or two out).
+    GATED: the weight is an MLP's gate rows then its up rows, N of each, and the output is
+    silu(gate) * up, [m, N]: each program reads its rows of both (more loads in flight)
+    and the SiLU needs no kernel of its own. Not split (sum_splits sums one tile)."""
+    tl.static_assert(SPLIT_K == 1 or not GATED)
     let_next_start(PDL)
     wait_for_inputs(PDL)
     m = tl.program_id(1).to(tl.int64)
@@ -142,30 +153,45 @@ def _rowwise_kernel(
     ks = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows64[:, None] * stride_wn + first + ks[None, :]
     x_ptrs = x_ptr + m * stride_xm + first + ks
+    up_rows = N * stride_wn if GATED else 0  # the up rows' offset from the gate rows'
     acc = tl.zeros([BLOCK_N, 1 if STEP_SUMS else BLOCK_K], tl.float32)
+    up_acc = tl.zeros([BLOCK_N, 1 if STEP_SUMS else BLOCK_K], tl.float32)  # GATED only
     for k0 in range(first, tl.minimum(first + K_SPLIT, K), BLOCK_K):
         if K % BLOCK_K == 0:
             x = tl.load(x_ptrs).to(tl.float32)
             w = tl.load(w_ptrs)
+            w_up = tl.load(w_ptrs + up_rows) if GATED else w
         else:
             kmask = k0 + ks < K
             x = tl.load(x_ptrs, mask=kmask, other=0.0).to(tl.float32)
             w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
+            w_up = tl.load(w_ptrs + up_rows, mask=kmask[None, :], other=0.0) if GATED else w
         products = w.to(tl.float32) * x[None, :]
         acc += tl.sum(products, axis=1, keep_dims=True) if STEP_SUMS else products
+        if GATED:
+            up_products = w_up.to(tl.float32) * x[None, :]
+            up_acc += tl.sum(up_products, axis=1, keep_dims=True) if STEP_SUMS else up_products
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
-    last = True
-    if SPLIT_K > 1:
-        tile = m * tl.num_programs(0) + tl.program_id(0)
-        out, last = sum_splits(
-            out, tl.arange(0, BLOCK_N), partial_ptr, arrived_ptr, tile, split, BLOCK_N, SPLIT_K
-        )
-    if last:
+    if GATED:
+        up = tl.sum(up_acc, axis=1)
         if HAS_SCALE:
             out *= tl.load(s_ptr + rows64).to(tl.float32)
-        store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
+            up *= tl.load(s_ptr + N + rows64).to(tl.float32)
+        store_gated_row(out, up, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
+    else:
+        last = True
+        if SPLIT_K > 1:
+            tile = m * tl.num_programs(0) + tl.program_id(0)
+            out, last = sum_splits(
+                out, tl.arange(0, BLOCK_N), partial_ptr, arrived_ptr, tile, split, BLOCK_N,
+                SPLIT_K,
+            )  # fmt: skip
+        if last:
+            if HAS_SCALE:
+                out *= tl.load(s_ptr + rows64).to(tl.float32)
+            store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
 @triton.jit
@@ -304,12 +330,13 @@ def _tuned_per_rows(kernel, configs: list[triton.Config], **options) -> Callable
 
 
 def _split_fits(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """Configurations that split K only for matrices of few enough rows."""
-    return [c for c in configs if c.kwargs["SPLIT_K"] == 1 or named_args["N"] <= SPLIT_MAX_OUT]
+    """Configurations that split K only for matrices of few enough rows (and not gated)."""
+    splits = named_args["N"] <= SPLIT_MAX_OUT and not kwargs.get("GATED", False)
+    return [c for c in configs if c.kwargs["SPLIT_K"] == 1 or splits]
 
 
 _rowwise_tuned = _tuned_per_rows(
-    _rowwise_kernel, _CONFIGS, key=["N", "K"],
+    _rowwise_kernel, _CONFIGS, key=["N", "K", "GATED"],
     prune_configs_by={"early_config_prune": _split_fits},
 )  # fmt: skip
 _grouped_tuned = _tuned_per_rows(_grouped_kernel, _GROUPED_CONFIGS, key=["N", "K", "GROUP"])
@@ -317,7 +344,9 @@ _int4_dot_tuned = _tuned_per_rows(
     int4_dot_kernel, _INT4_DOT_CONFIGS, key=["N", "K", "GROUP"],
     prune_configs_by={"early_config_prune": _split_fits},
 )  # fmt: skip
-_int4_gemv_tuned = _tuned_per_rows(int4_gemv_kernel, _INT4_GEMV_CONFIGS, key=["N", "K", "GROUP"])
+_int4_gemv_tuned = _tuned_per_rows(
+    int4_gemv_kernel, _INT4_GEMV_CONFIGS, key=["N", "K", "GROUP", "GATED"]
+)
 _int4_mma_tuned = _tuned_per_rows(int4_mma_kernel, _INT4_MMA_CONFIGS, key=["N", "K"])
 _int4_gemv_rows_tuned = _tuned_per_rows(
     int4_gemv_rows_kernel, _INT4_GEMV_ROWS_CONFIGS, key=["N", "K", "GROUP"]
@@ -340,20 +369,29 @@ def _optional_arg(x: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor:
 
 
 def _gemv(
-    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scales: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """int8 or fp8 rows with a scale per row or per group, or bf16/fp16 rows (no scales)."""
+    """int8 or fp8 rows with a scale per row or per group, or bf16/fp16 rows (no scales).
+    gated (no groups): q is gate rows then up rows, and the result silu(gate) * up."""
     x = x.contiguous()
     n, k = q.shape
+    if gated:
+        n //= 2
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     grid = _per_row_grid(n, x.shape[0])
     if scales is None or scales.shape[1] == 1:
         _rowwise_tuned(x.shape[0])[grid](
             x, q, _optional_arg(x, scales), _optional_arg(x, bias), out,
             *split_buffers(x.device), n, x.stride(0), q.stride(0), out.stride(0), K=k,
-            HAS_SCALE=scales is not None, HAS_BIAS=bias is not None, **launch_options(x.device),
+            HAS_SCALE=scales is not None, HAS_BIAS=bias is not None, GATED=gated,
+            **launch_options(x.device),
         )  # fmt: skip
         return out
+    assert not gated, "the grouped GEMV has no gated form"
     _grouped_tuned(x.shape[0])[grid](
         x, q, scales, _optional_arg(x, bias), out, n, x.stride(0), q.stride(0), scales.stride(0),
         out.stride(0), K=k, GROUP=k // scales.shape[1], HAS_BIAS=bias is not None,
@@ -385,20 +423,51 @@ def split_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return _split_buffers[device]
 
 
-def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _takes_gemv(rows: int, scales: torch.Tensor | None) -> bool:
+    """Whether a matmul of `rows` input rows over a weight with these scales (None: a
+    dense weight; else int8 or fp8's) runs the GEMV."""
+    return rows <= GEMV_MAX_ROWS and (scales is not None or dense_gemv)
+
+
+def _silu_mul_if(gated: bool, out: torch.Tensor) -> torch.Tensor:
+    """A matmul's output, or for a gated call (of a kernel without a gated form) the SiLU
+    product of its gate and up halves."""
+    return silu_mul(out) if gated else out
+
+
+# Every matmul below takes `gated`: the weight is an MLP's fused gate/up projection (gate's
+# rows, then up's) and the result silu(gate) * up, in the GEMV's epilogue where a GEMV runs
+# (one kernel, not two), else by silu_mul after the matmul.
+
+
+def dense_matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False
+) -> torch.Tensor:
     """F.linear, with decode-sized inputs through the GEMV: on Qwen3-8B's projections it
     reads bf16 weights faster than cuBLAS (scripts/gemv_sweep.py), and as a Triton kernel
     it launches with PDL, so a layer's kernels all overlap their neighbours."""
-    if dense_gemv and x.shape[0] <= GEMV_MAX_ROWS:
-        return _gemv(x, weight, None, bias)
-    return F.linear(x, weight, bias)
+    if _takes_gemv(x.shape[0], None):
+        return _gemv(x, weight, None, bias, gated)
+    return _silu_mul_if(gated, F.linear(x, weight, bias))
 
 
 def int8_matmul(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    gated: bool = False,
+) -> torch.Tensor:
+    if gated and _takes_gemv(x.shape[0], scales) and scales.shape[1] == 1:
+        return _gemv(x, q, scales, bias, gated=True)
+    return _silu_mul_if(gated, _int8_product(x, q, scales, bias))
+
+
+def _int8_product(
     x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     rows = x.shape[0]
-    if rows <= GEMV_MAX_ROWS:
+    if _takes_gemv(rows, scales):
         return _gemv(x, q, scales, bias)
     n, k = q.shape
     if rows <= DOT_MAX_ROWS:
@@ -427,6 +496,45 @@ def int4_matmul(
     words: torch.Tensor,  # formats.pack_int4's layout
     scale_mins: torch.Tensor,  # bf16 [out, groups, 2]: each group's scale and min
     bias: torch.Tensor | None,
+    gated: bool = False,
+) -> torch.Tensor:
+    if gated and x.shape[0] == 1:
+        return _int4_gemv(x, words, scale_mins, bias, gated=True)
+    return _silu_mul_if(gated, _int4_product(x, words, scale_mins, bias))
+
+
+def _int4_gemv(
+    x: torch.Tensor,
+    words: torch.Tensor,
+    scale_mins: torch.Tensor,
+    bias: torch.Tensor | None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """One to INT4_GEMV_MAX_ROWS input rows on CUDA cores; gated at one row only."""
+    n, groups, _ = scale_mins.shape
+    k = words.shape[1] * 8
+    rows = x.shape[0]
+    x = _rows_aligned(x, 4)  # the GEMVs load 16-bit inputs as 4-byte pairs
+    out = torch.empty(rows, n // 2 if gated else n, dtype=x.dtype, device=x.device)
+    tensors = x, words, scale_mins, _optional_arg(x, bias), out
+    strides = x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0)
+    shape = {"K": k, "GROUP": k // groups, "HAS_BIAS": bias is not None}
+    if rows == 1:  # the grid covers the weight's rows, gated or not
+        _int4_gemv_tuned(rows)[_per_row_grid(n, rows)](
+            *tensors, n // 2 if gated else n, *strides, **shape, GATED=gated,
+            **launch_options(x.device),
+        )  # fmt: skip
+    else:
+        assert not gated, "the int4 GEMV of several rows has no gated form"
+        _int4_gemv_rows_tuned(rows)[(triton.cdiv(n, 4),)](
+            *tensors, rows, n, *strides, **shape, ROWS=triton.next_power_of_2(rows),
+            **launch_options(x.device),
+        )  # fmt: skip
+    return out
+
+
+def _int4_product(
+    x: torch.Tensor, words: torch.Tensor, scale_mins: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     n, groups, _ = scale_mins.shape
     k = words.shape[1] * 8
@@ -442,21 +550,7 @@ def int4_matmul(
         )  # fmt: skip
         return out
     if rows <= INT4_GEMV_MAX_ROWS:
-        x = _rows_aligned(x, 4)  # the GEMVs load 16-bit inputs as 4-byte pairs
-        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-        tensors = x, words, scale_mins, _optional_arg(x, bias), out
-        strides = x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0)
-        shape = {"K": k, "GROUP": group, "HAS_BIAS": bias is not None}
-        if rows == 1:
-            _int4_gemv_tuned(rows)[_per_row_grid(n, rows)](
-                *tensors, n, *strides, **shape, **launch_options(x.device)
-            )
-        else:
-            _int4_gemv_rows_tuned(rows)[(triton.cdiv(n, 4),)](
-                *tensors, rows, n, *strides, **shape, ROWS=triton.next_power_of_2(rows),
-                **launch_options(x.device),
-            )  # fmt: skip
-        return out
+        return _int4_gemv(x, words, scale_mins, bias)
     if rows <= DOT_MAX_ROWS:
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
@@ -474,11 +568,23 @@ def int4_matmul(
 
 
 def fp8_matmul(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    gated: bool = False,
+) -> torch.Tensor:
+    if gated and _takes_gemv(x.shape[0], scales):
+        return _gemv(x, q, scales, bias, gated=True)
+    return _silu_mul_if(gated, _fp8_product(x, q, scales, bias))
+
+
+def _fp8_product(
     x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     n, k = q.shape
     rows = x.shape[0]
-    if rows <= GEMV_MAX_ROWS:
+    if _takes_gemv(rows, scales):
         return _gemv(x, q, scales, bias)
     if rows <= DOT_MAX_ROWS:
         x = x.contiguous()

@@ -98,3 +98,57 @@ def test_rope_kernel_writes_the_cache_as_store_kv_does(qk_norm):
     untouched = torch.ones(64, dtype=torch.bool, device=CUDA)
     untouched[written] = False
     assert bool((caches[0][untouched] == 7.0).all())
+
+
+def gate_up_module(fmt: str, n: int, k: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A fused gate/up projection (gate's n rows, then up's) in `fmt`, and the float32
+    weight its kernels compute with."""
+    from kamado.surgery import formats
+    from kamado.surgery.qlinear import Fp8Linear, Int4Linear, Int8Linear
+
+    w = torch.randn(2 * n, k, device=CUDA) * 0.05  # outputs of a few units: SiLU bends
+    if fmt == "bf16":
+        module = torch.nn.Linear(k, 2 * n, bias=False, device=CUDA, dtype=torch.bfloat16)
+        module.weight.data.copy_(w)
+        return module, module.weight.float()
+    if fmt.startswith("int8"):
+        q, scales = formats.quantize_int8(w, 32 if fmt == "int8-grouped" else None)
+        return Int8Linear(q, scales, None), formats.dequantize_int8(q, scales)
+    if fmt == "fp8":
+        q, scales = formats.quantize_fp8(w)
+        return Fp8Linear(q, scales, None), formats.dequantize_fp8(q, scales)
+    q, scales, mins = formats.quantize_int4(w, 128, torch.float16)
+    module = Int4Linear(q, scales, mins, None)
+    on_card = module.scale_mins.float()  # the kernels' bf16 scales and mins
+    return module, formats.dequantize_int4(q, on_card[..., 0], on_card[..., 1])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int8-grouped", "fp8", "int4"])
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_gated_projection_is_silu_of_gate_times_up(fmt, rows, monkeypatch):
+    """gated_projection: SiLU(gate) * up as close to float32 as the matmul then silu_mul,
+    and in the GEMV's epilogue (no silu_mul kernel) where a GEMV takes the weight and rows."""
+    from kamado.models import fused_forward
+    from kamado.surgery import triton_matmul
+    from kamado.surgery.kernel_epilogues import silu_mul
+
+    if fmt == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs fp8")
+    n, k = 3000, 2048
+    module, w = gate_up_module(fmt, n, k)
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+    gate, up = (x.float() @ w.T).split(n, dim=1)
+    expected = torch.nn.functional.silu(gate) * up
+    calls = []
+    monkeypatch.setattr(triton_matmul, "silu_mul", lambda t: calls.append(t) or silu_mul(t))
+    with torch.inference_mode():
+        got = fused_forward.gated_projection(module)(x)
+        unfused = silu_mul(module(x))
+
+    def err(t: torch.Tensor) -> float:
+        return float((t.float() - expected).norm() / expected.norm())
+
+    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
+    assert err(got) < 1.5 * err(unfused) + 1e-3, (err(got), err(unfused))
+    in_epilogue = (fmt in ("bf16", "int8", "fp8") and rows <= 2) or (fmt == "int4" and rows == 1)
+    assert len(calls) == (0 if in_epilogue else 1)

@@ -165,17 +165,44 @@ def test_every_int4_gemv_configuration_matches_and_repeats_bit_for_bit(config, g
     module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
     x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
 
-    def run() -> torch.Tensor:
-        out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
-        int4_gemv.int4_gemv_kernel[(triton.cdiv(n, config.kwargs["BLOCK_N"]), rows)](
-            x, module.packed, module.scale_mins, module.bias, out, n, x.stride(0),
-            module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
-            GROUP=group, HAS_BIAS=True, **config.kwargs, num_warps=config.num_warps,
-            **launch_options(CUDA),
-        )  # fmt: skip
-        return out
+    matches_and_repeats(
+        lambda: int4_gemv_run(config, x, module), x, int4_on_card(q, module), module.bias
+    )
 
-    matches_and_repeats(run, x, int4_on_card(q, module), module.bias)
+
+def int4_gemv_run(
+    config: triton.Config, x: torch.Tensor, module: Int4Linear, gated: bool = False
+) -> torch.Tensor:
+    """int4_gemv_kernel in one configuration; gated: silu(gate) * up of the weight's two
+    halves (the grid covers the weight's rows either way)."""
+    n = module.out_features // 2 if gated else module.out_features
+    out = torch.empty(x.shape[0], n, device=CUDA, dtype=torch.bfloat16)
+    grid = (triton.cdiv(module.out_features, config.kwargs["BLOCK_N"]), x.shape[0])
+    int4_gemv.int4_gemv_kernel[grid](
+        x, module.packed, module.scale_mins, module.bias, out, n, x.stride(0),
+        module.packed.stride(0), module.scale_mins.stride(0), out.stride(0),
+        K=module.in_features, GROUP=module.group, HAS_BIAS=True, GATED=gated,
+        **config.kwargs, num_warps=config.num_warps, **launch_options(CUDA),
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("config", tm._INT4_GEMV_CONFIGS, ids=str)
+@pytest.mark.parametrize("group", [128, 32])
+def test_gated_int4_gemv_is_the_gemv_then_silu_mul_bit_for_bit(config, group):
+    """The int4 GEMV with SiLU(gate) * up as its epilogue against the plain one in the same
+    configuration followed by silu_mul: the same bits (a gated program's quarters sum
+    their rows as the plain one's do). 1501 outputs: the last program's rows pass N."""
+    from kamado.surgery.kernel_epilogues import silu_mul
+
+    n, k = 1501, 896
+    q, scales, mins = formats.quantize_int4(weight(2 * n, k) * 3, group)
+    module = Int4Linear(q, scales, mins, torch.randn(2 * n, device=CUDA, dtype=torch.bfloat16))
+    x = torch.randn(2, k, device=CUDA, dtype=torch.bfloat16)
+    fused = int4_gemv_run(config, x, module, gated=True)
+    plain = silu_mul(int4_gemv_run(config, x, module))
+    assert torch.equal(fused, plain)
+    assert float(plain.float().std()) > 0.5
 
 
 @pytest.mark.parametrize("config", tm._INT4_GEMV_ROWS_CONFIGS, ids=str)
@@ -268,6 +295,29 @@ def _bf16_unscaled(w: torch.Tensor) -> tuple[torch.Tensor, None]:
     return w.to(torch.bfloat16), None
 
 
+GEMV_FORMATS = {
+    "int8": (formats.quantize_int8, formats.dequantize_int8),
+    "fp8": (formats.quantize_fp8, formats.dequantize_fp8),
+    "bf16": (_bf16_unscaled, lambda q, _: q.float()),
+}
+
+
+def gemv(
+    config: triton.Config, x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor | None,
+    bias: torch.Tensor, gated: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """_rowwise_kernel in one configuration; gated: silu(gate) * up of q's two halves."""
+    n = q.shape[0] // 2 if gated else q.shape[0]
+    out = torch.empty(x.shape[0], n, device=CUDA, dtype=torch.bfloat16)
+    meta = dict(config.kwargs)
+    tm._rowwise_kernel[(triton.cdiv(n, meta["BLOCK_N"]), x.shape[0], meta["SPLIT_K"])](
+        x, q, tm._optional_arg(x, scales), bias, out, *tm.split_buffers(x.device), n,
+        x.stride(0), q.stride(0), out.stride(0), K=q.shape[1], HAS_SCALE=scales is not None,
+        HAS_BIAS=True, GATED=gated, **meta, num_warps=config.num_warps, **launch_options(CUDA),
+    )  # fmt: skip
+    return out
+
+
 @pytest.mark.parametrize("config", tm._CONFIGS, ids=str)
 @pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=needs_fp8), "bf16"])
 def test_every_gemv_tile_configuration_matches_and_repeats_bit_for_bit(config, fmt):
@@ -275,23 +325,29 @@ def test_every_gemv_tile_configuration_matches_and_repeats_bit_for_bit(config, f
     autotuner may pick: the same result as the dequantized weight, and the same bits on a
     second call."""
     n, k, rows = 3000, 3000, 2  # K a multiple of no BLOCK_K: partial steps, unequal splits
-    quantize, dequantize = {
-        "int8": (formats.quantize_int8, formats.dequantize_int8),
-        "fp8": (formats.quantize_fp8, formats.dequantize_fp8),
-        "bf16": (_bf16_unscaled, lambda q, _: q.float()),
-    }[fmt]
+    quantize, dequantize = GEMV_FORMATS[fmt]
     q, scales = quantize(weight(n, k))
     bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
     x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+    matches_and_repeats(lambda: gemv(config, x, q, scales, bias), x, dequantize(q, scales), bias)
 
-    def run() -> torch.Tensor:
-        out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
-        meta = dict(config.kwargs)
-        tm._rowwise_kernel[(triton.cdiv(n, meta["BLOCK_N"]), rows, meta["SPLIT_K"])](
-            x, q, tm._optional_arg(x, scales), bias, out, *tm.split_buffers(x.device), n,
-            x.stride(0), q.stride(0), out.stride(0), K=k, HAS_SCALE=scales is not None,
-            HAS_BIAS=True, **meta, num_warps=config.num_warps, **launch_options(CUDA),
-        )  # fmt: skip
-        return out
 
-    matches_and_repeats(run, x, dequantize(q, scales), bias)
+@pytest.mark.parametrize("config", [c for c in tm._CONFIGS if c.kwargs["SPLIT_K"] == 1], ids=str)
+@pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=needs_fp8), "bf16"])
+def test_gated_gemv_is_the_gemv_then_silu_mul_bit_for_bit(config, fmt):
+    """The GEMV with SiLU(gate) * up as its epilogue, in each configuration the autotuner
+    may pick for it: the same bits as the plain GEMV in that configuration followed by
+    silu_mul (each program sums its rows as the plain one does, and rounds the gate and
+    up outputs where the plain one stores them). 1500 outputs: the last program's rows
+    pass N, and must neither be stored nor read from the up half."""
+    from kamado.surgery.kernel_epilogues import silu_mul
+
+    n, k, rows = 1500, 3000, 2
+    quantize, _ = GEMV_FORMATS[fmt]
+    q, scales = quantize(weight(2 * n, k) * 3)  # outputs of a few units: SiLU bends
+    bias = torch.randn(2 * n, device=CUDA, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
+    fused = gemv(config, x, q, scales, bias, gated=True)
+    plain = silu_mul(gemv(config, x, q, scales, bias))
+    assert torch.equal(fused, plain)
+    assert float(plain.float().std()) > 0.5

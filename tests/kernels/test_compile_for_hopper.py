@@ -30,6 +30,7 @@ from triton.runtime.jit import JITFunction, create_function_from_signature  # no
 from kamado.attention import triton_kernels as attention  # noqa: E402
 from kamado.attention.triton_backend import EXTEND_TILES  # noqa: E402
 from kamado.models import fused_kernels  # noqa: E402
+from kamado.surgery import kernel_epilogues  # noqa: E402
 from kamado.surgery import triton_matmul as matmul  # noqa: E402
 from kamado.surgery.formats import pack_int4  # noqa: E402
 
@@ -151,7 +152,7 @@ def fused_elementwise() -> None:
     x = cpu_randn(2, 4096)
     fused_kernels.rms_norm(x, cpu_randn(4096), 1e-6)
     fused_kernels.rms_norm(x, cpu_randn(4096), 1e-6, residual=cpu_randn(2, 4096))
-    fused_kernels.silu_mul(cpu_randn(2, 2 * 12288))
+    kernel_epilogues.silu_mul(cpu_randn(2, 2 * 12288))
     k, v, _ = cache("bf16")
     rope = torch.ones(64, HEAD_DIM)
     for norm, store in itertools.product((True, False), repeat=2):
@@ -184,6 +185,23 @@ def fp8_matmuls() -> None:
         matmul.fp8_matmul(cpu_randn(rows, K), q, torch.ones(N, 1), cpu_randn(N))
 
 
+def gated_gemvs() -> None:
+    """The GEMVs with SiLU(gate) * up as their epilogue, over Qwen3-8B's gate/up projection
+    (2 x 12288 rows): dense and int8/fp8 with a scale per row, also at a K that no tile
+    divides; int4 at one row, in groups of 128 and 32."""
+    n = 2 * 12288
+    for k in (K, 3000):
+        x = cpu_randn(1, k)
+        matmul.dense_matmul(x, cpu_randn(n, k), None, gated=True)
+        int8 = torch.zeros(n, k, dtype=torch.int8)
+        matmul.int8_matmul(x, int8, torch.ones(n, 1), None, gated=True)
+        fp8 = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+        matmul.fp8_matmul(x, fp8, torch.ones(n, 1), cpu_randn(n), gated=True)
+    for group in (128, 32):
+        words = pack_int4(torch.zeros(n, K, dtype=torch.uint8), group)
+        matmul.int4_matmul(cpu_randn(1, K), words, cpu_randn(n, K // group, 2), None, gated=True)
+
+
 def int4_matmuls() -> None:
     """One row (GEMV), 2-8 bf16 rows (mma.sync), 3 fp16 rows (the rows GEMV), 16 rows
     (tiles); groups of 128, and of 32 as GGUF files bring."""
@@ -203,6 +221,7 @@ LAUNCHERS: dict[str, Callable[[], None]] = {
     "dense-gemv": dense_gemv,
     "int8-matmuls": int8_matmuls,
     "fp8-matmuls": fp8_matmuls,
+    "gated-gemvs": gated_gemvs,
     "int4-matmuls": int4_matmuls,
 }
 
