@@ -29,10 +29,14 @@ class QuantizedLinear(nn.Module):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def cuda_matmul(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+        """The matmul on CUDA (triton_matmul), plain or `gated`."""
+        raise NotImplementedError
+
     def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
         """For a fused gate/up projection (gate's rows, then up's) on CUDA: silu(gate) * up
         of 2-D x, in the GEMV's epilogue where one runs (triton_matmul's `gated`)."""
-        raise NotImplementedError
+        return self.cuda_matmul(x, gated=True)
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
@@ -54,17 +58,15 @@ class Int8Linear(QuantizedLinear):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
-            from kamado.surgery.triton_matmul import int8_matmul
-
-            return int8_matmul(x, self.q, self.scales, self.bias)
+            return self.cuda_matmul(x)
         if self.rowwise_cpu:
             return self._add_bias(cpu_matmul.int8_rowwise(x, self.q, self.scales))
         return self._add_bias(cpu_matmul.tiled(x, self.out_features, self._rows))
 
-    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
+    def cuda_matmul(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
         from kamado.surgery.triton_matmul import int8_matmul
 
-        return int8_matmul(x, self.q, self.scales, self.bias, gated=True)
+        return int8_matmul(x, self.q, self.scales, self.bias, gated)
 
     def _rows(self, a: int, b: int) -> torch.Tensor:
         q = self.q[a:b].view(b - a, self.scales.shape[1], -1).float()
@@ -94,16 +96,14 @@ class Int4Linear(QuantizedLinear):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
-            from kamado.surgery.triton_matmul import int4_matmul
-
-            return int4_matmul(x, self.packed, self.scale_mins, self.bias)
+            return self.cuda_matmul(x)
         y = cpu_matmul.int4_grouped(x, self.packed, self.scale_zeros, self.group)
         return self._add_bias(y[:, : self.out_features])
 
-    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
+    def cuda_matmul(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
         from kamado.surgery.triton_matmul import int4_matmul
 
-        return int4_matmul(x, self.packed, self.scale_mins, self.bias, gated=True)
+        return int4_matmul(x, self.packed, self.scale_mins, self.bias, gated)
 
 
 class Fp8Linear(QuantizedLinear):
@@ -115,14 +115,12 @@ class Fp8Linear(QuantizedLinear):
         self.register_buffer("scales", scales.view(-1, 1))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cuda_matmul(x)
+
+    def cuda_matmul(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
         from kamado.surgery.triton_matmul import fp8_matmul
 
-        return fp8_matmul(x, self.q, self.scales, self.bias)
-
-    def silu_gated(self, x: torch.Tensor) -> torch.Tensor:
-        from kamado.surgery.triton_matmul import fp8_matmul
-
-        return fp8_matmul(x, self.q, self.scales, self.bias, gated=True)
+        return fp8_matmul(x, self.q, self.scales, self.bias, gated)
 
 
 class RowConcat(nn.Module):

@@ -122,6 +122,14 @@ _FP8_DOT_CONFIGS = [
 
 
 @triton.jit
+def _add_products(acc, w, x, STEP_SUMS: tl.constexpr):
+    """A GEMV step's float32 products of weight rows w [rows, BLOCK_K] and inputs x added
+    to acc: summed along K at once (STEP_SUMS), else kept per tile value."""
+    products = w.to(tl.float32) * x[None, :]
+    return acc + (tl.sum(products, axis=1, keep_dims=True) if STEP_SUMS else products)
+
+
+@triton.jit
 def _rowwise_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, N, stride_xm, stride_wn,
     stride_om, K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -166,11 +174,9 @@ def _rowwise_kernel(
             x = tl.load(x_ptrs, mask=kmask, other=0.0).to(tl.float32)
             w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
             w_up = tl.load(w_ptrs + up_rows, mask=kmask[None, :], other=0.0) if GATED else w
-        products = w.to(tl.float32) * x[None, :]
-        acc += tl.sum(products, axis=1, keep_dims=True) if STEP_SUMS else products
+        acc = _add_products(acc, w, x, STEP_SUMS)
         if GATED:
-            up_products = w_up.to(tl.float32) * x[None, :]
-            up_acc += tl.sum(up_products, axis=1, keep_dims=True) if STEP_SUMS else up_products
+            up_acc = _add_products(up_acc, w_up, x, STEP_SUMS)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
@@ -514,14 +520,15 @@ def _int4_gemv(
     n, groups, _ = scale_mins.shape
     k = words.shape[1] * 8
     rows = x.shape[0]
+    outputs = n // 2 if gated else n
     x = _rows_aligned(x, 4)  # the GEMVs load 16-bit inputs as 4-byte pairs
-    out = torch.empty(rows, n // 2 if gated else n, dtype=x.dtype, device=x.device)
+    out = torch.empty(rows, outputs, dtype=x.dtype, device=x.device)
     tensors = x, words, scale_mins, _optional_arg(x, bias), out
     strides = x.stride(0), words.stride(0), scale_mins.stride(0), out.stride(0)
     shape = {"K": k, "GROUP": k // groups, "HAS_BIAS": bias is not None}
     if rows == 1:  # the grid covers the weight's rows, gated or not
         _int4_gemv_tuned(rows)[_per_row_grid(n, rows)](
-            *tensors, n // 2 if gated else n, *strides, **shape, GATED=gated,
+            *tensors, outputs, *strides, **shape, GATED=gated,
             **launch_options(x.device),
         )  # fmt: skip
     else:
