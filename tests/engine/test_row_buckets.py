@@ -69,4 +69,3 @@ def test_a_bf16_engine_steps_only_at_row_counts_warmed_at_start(tmp_path, record
     out = run(engine, requests)
     assert all(len(out[r][0]) in (5, 6) for r in requests)
     assert len(set(recorded_rows)) > 3 and set(recorded_rows) <= warmed
-
