@@ -31,8 +31,8 @@ def bucket_rows(num_rows: int) -> int:
 def row_buckets(up_to: int) -> list[int]:
     """Every bucket of at most up_to rows."""
     buckets = [1]
-    while bucket_rows(buckets[-1] + 1) <= up_to:
-        buckets.append(bucket_rows(buckets[-1] + 1))
+    while (next_bucket := bucket_rows(buckets[-1] + 1)) <= up_to:
+        buckets.append(next_bucket)
     return buckets
 
 
