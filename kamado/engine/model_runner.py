@@ -35,8 +35,8 @@ from kamado.structured.guide import Guides
 if TYPE_CHECKING:
     from kamado.engine.cuda_graphs import DecodeGraphs
 
-# The CPU warms its matmuls' row buckets up to this many rows at start (about 1 s for
-# qwen2.5-coder-0.5b in bf16 on 2 cores).
+# The CPU warms its matmuls' row buckets up to this many rows at start (0.6-1.0 s for
+# qwen2.5-coder-0.5b in bf16 on 2 cores, the head's buckets as much again).
 CPU_WARM_ROWS = 512
 
 
