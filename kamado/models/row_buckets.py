@@ -38,9 +38,10 @@ def row_buckets(up_to: int) -> list[int]:
 
 def rounds_rows(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether matmuls on this device and dtype take rows in buckets: 16-bit ones on the
-    CPU. float32 goes to MKL, whose first call at a new row count costs no more (measured:
-    4864x896 at 101-107 rows, 4.6-5.9 ms first and again; bf16 1.7-1.9 against 0.8-1.0), and
-    a GPU's kernels take any row count (CUDA graphs fix their own)."""
+    CPU. float32 goes to MKL, whose first call at a new row count costs no more (4864x896
+    at 101-107 rows: 4.0-5.9 ms the first time, 4.1-5.7 again; bf16 1.7-2.0 against
+    0.8-1.3; bench/results/2026-12-06-cpu-first-call-float32-vs-bf16.txt), and a GPU's
+    kernels take any row count (CUDA graphs fix their own)."""
     return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
 
