@@ -5,7 +5,8 @@ scaling), not separate files. The model works on a flattened batch: all new toke
 all sequences in one [T] tensor, with attention reading and writing the paged KV cache.
 Module names follow Hugging Face so checkpoints load by name. Load-time surgery
 (kamado.surgery) may add fused `qkv_proj` / `gate_up_proj` projections and swap any
-projection for a compressed one; the forward pass uses whichever is there.
+projection for a compressed one; the forward pass uses whichever is there. On the CPU
+its matmuls take rows rounded up to a few buckets (row_buckets).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kamado.attention.backend import AttentionBackend
 from kamado.config import ModelConfig
 from kamado.kv.cache import KVCache
 from kamado.models.rope import RotaryEmbedding
+from kamado.models.row_buckets import padded_rows
 
 
 class RMSNorm(nn.Module):
@@ -57,10 +59,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         t = x.shape[0]
+        x = padded_rows(x)
         if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+            q, k, v = self.qkv_proj(x)[:t].split(self.split, dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = self.q_proj(x)[:t], self.k_proj(x)[:t], self.v_proj(x)[:t]
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -68,7 +71,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ctx.rope(positions, q, k)
         out = ctx.backend.forward(q, k, v, self.layer, ctx.cache, ctx.metadata)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return self.o_proj(padded_rows(out.reshape(t, self.num_heads * self.head_dim)))[:t]
 
 
 class MLP(nn.Module):
@@ -80,11 +83,13 @@ class MLP(nn.Module):
         self.gate_up_proj: nn.Module | None = None  # gate and up in one matmul, set by surgery
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        x = padded_rows(x)
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate) * up)[:t]
 
 
 class DecoderLayer(nn.Module):
@@ -209,4 +214,4 @@ class Transformer(nn.Module):
         return self.model.norm(state[0])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.lm_head(padded_rows(hidden))[: hidden.shape[0]].float()

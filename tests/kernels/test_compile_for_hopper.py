@@ -78,9 +78,10 @@ def recorded_launches(launcher: Callable[[], object], monkeypatch) -> list[Launc
     return launches
 
 
-def compile_for_hopper(launch: Launch) -> None:
+def compile_for_hopper(launch: Launch) -> Any:
     """Specialize the launch's arguments as Triton's launcher does (alignment, divisibility
-    by 16) and compile the kernel for sm_90 down to a cubin."""
+    by 16) and compile the kernel for sm_90 down to a cubin; returns Triton's compiled
+    kernel (scripts/gemv_sass.py reads its cubin)."""
     kernel = launch.kernel
     backend = make_backend(HOPPER)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
@@ -94,6 +95,7 @@ def compile_for_hopper(launch: Launch) -> None:
     assert compiled.asm["cubin"], kernel.__name__
     if "PDL" in kernel.arg_names:  # launched early (kamado.pdl), it waits
         assert "griddepcontrol.wait" in compiled.asm["ptx"], kernel.__name__
+    return compiled
 
 
 def cpu_randn(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
