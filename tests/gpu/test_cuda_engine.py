@@ -87,8 +87,10 @@ def test_cuda_graphs_follow_the_eager_decode():
 
 
 def test_greedy_tokens_match_the_plain_torch_model_up_to_bf16_ties():
-    # The reference: torch attention and the unfused modules of transformer.py.
-    reference = generate("torch", graphs=False, logprobs=2, fused=False)
+    # The reference: torch attention and the unfused modules of transformer.py. Random
+    # weights give near-flat logits: on an H100 a run picked the reference's third token,
+    # its top two 0.016 apart, so the pick is looked for among the top 5 (within a tie).
+    reference = generate("torch", graphs=False, logprobs=5, fused=False)
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=True))
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=False, fused=False))
 
