@@ -15,7 +15,7 @@ import bisect
 import gc
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
@@ -102,6 +102,12 @@ class Fairness:
     # quiet_worst, quiet_steps_past_target. None where no step went without prompt work
     # (unpaced prefill) or too few did.
     local: dict[str, float] | None
+    # Every engine step beside the prompt, as rows of STEP_COLUMNS: what each step carried
+    # and took, and the pacer's slack then. A step past the target is machine noise where the
+    # same chunk's layers in the steps around it took their usual time, and the pacer's
+    # error where they took as long (the worst steps alone cannot tell the two apart).
+    step_columns: list[str]
+    steps: list[list[float]]
 
 
 class CollectionTimer:
@@ -137,6 +143,7 @@ class Streams:
         # Gap, a tuple subclass, stays tracked): a run keeps tens of thousands, and as
         # tracked objects they lengthened the collections whose pauses the gaps measure.
         self._rows: list[tuple] = []
+        self._steps: list[tuple] = []  # one row per engine step (STEP_COLUMNS), likewise
         self.collections = CollectionTimer()
         self.lost = LostCpu()
         self._lost_at = self._lost_now()
@@ -155,6 +162,7 @@ class Streams:
         (stolen_before, waited_before), self._lost_at = self._lost_at, self._lost_now()
         stolen, waited = self._lost_at[0] - stolen_before, self._lost_at[1] - waited_before
         threads = self.engine.threads.threads if self.engine.threads is not None else 0
+        worst = 0.0  # the longest gap this step ended
         for d in deltas:
             if d.request_id in self.length:
                 self.length[d.request_id] += 1
@@ -166,8 +174,15 @@ class Streams:
                          stats.last_step_prefill_layers, gc_seconds, threads, stats.steps,
                          int(stats.last_step_launched_ahead), mallocs, stolen, waited)
                     )  # fmt: skip
-                    self.worst = max(self.worst, now - self.last[d.request_id])
+                    worst = max(worst, now - self.last[d.request_id])
                 self.last[d.request_id] = now
+        self.worst = max(self.worst, worst)
+        slack = self.engine.scheduler.pacer.staged_slack()
+        self._steps.append(
+            (stats.steps, stats.last_step_seconds, stats.last_step_prefill_tokens,
+             stats.last_step_prefill_layers, stats.prompt_tokens_total, slack or 0.0, stolen,
+             waited, worst, min(self.length.values()))
+        )  # fmt: skip
         return {d.request_id for d in deltas}
 
     def _lost_now(self) -> tuple[float, float]:
@@ -184,6 +199,17 @@ class Streams:
     def count(self) -> int:
         """Gaps recorded so far."""
         return len(self._rows)
+
+    @property
+    def step_count(self) -> int:
+        """Engine steps recorded so far."""
+        return len(self._steps)
+
+    def step_rows(self, start: int, end: int) -> list[tuple]:
+        """The engine steps recorded from the `start`-th up to the `end`-th, as tuples of
+        (step, seconds, prefill tokens, prefill layers, prompt tokens done in all, pacer's
+        slack s, stolen s, waited s, the longest gap it ended s, the streams' context)."""
+        return self._steps[start:end]
 
     def gaps(self, start: int = 0, end: int | None = None) -> list[Gap]:
         """The gaps recorded from the `start`-th on (up to the `end`-th)."""
@@ -208,7 +234,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
     before = streams.alone(ALONE_STEPS)
     streams.worst = 0.0
     engine.add_request("long", long_prompt, SamplingParams(temperature=0.0, max_tokens=1))
-    start, started = streams.count, time.perf_counter()
+    start, first_step, started = streams.count, streams.step_count, time.perf_counter()
     computed_before, reported = engine.stats.prompt_tokens_total, started
     splits_before = engine.snapshot().staged_splits
     while "long" not in streams.step():
@@ -225,7 +251,7 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
     staged_splits = engine.snapshot().staged_splits - splits_before
     # The gaps beside the prompt are made after the streams' last steps alone: tens of
     # thousands of them took 60 ms, which lay in the first gap after the prompt.
-    end = streams.count
+    end, last_step = streams.count, streams.step_count
     after = streams.alone(ALONE_STEPS)
     beside = streams.gaps(start, end)
     streams.close()
@@ -238,9 +264,11 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
 
     (x0, y0), (x1, y1) = median(before), median(after)
 
+    def normal(context: float) -> float:
+        return y0 + (y1 - y0) * (context - x0) / (x1 - x0)
+
     def ratio(gap: Gap) -> float:
-        normal = y0 + (y1 - y0) * (gap.context - x0) / (x1 - x0)
-        return gap.seconds / normal
+        return gap.seconds / normal(gap.context)
 
     def rank(gaps: list[Gap]) -> list[tuple[float, Gap]]:
         return _ranked((ratio(g), g) for g in gaps)
@@ -277,6 +305,11 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
         over_target_columns=list(OVER_TARGET_COLUMNS),
         over_target=_over_target(ranked),
         local=local,
+        step_columns=list(STEP_COLUMNS),
+        steps=[
+            _step_row(row, computed_before, normal)
+            for row in streams.step_rows(first_step, last_step)
+        ],
     )
 
 
@@ -336,6 +369,21 @@ def _local_normals(gaps: list[Gap]) -> list[float] | None:
 OVER_TARGET_COLUMNS = ("step", "ratio", "gap_ms", "step_ms", "schedule_ms", "finish_ms",
                        "prefill_tokens", "prefill_layers", "gc_ms", "context",
                        "ahead", "device_mallocs", "stolen_ms", "waited_ms")  # fmt: skip
+
+
+STEP_COLUMNS = ("step", "step_ms", "prefill_tokens", "prefill_layers", "prompt_done",
+                "slack_ms", "stolen_ms", "waited_ms", "gap_ms", "ratio", "context")  # fmt: skip
+
+
+def _step_row(row: tuple, computed_before: int, normal: Callable[[float], float]) -> list[float]:
+    """One engine step as STEP_COLUMNS: times in ms to 0.1, `prompt_done` counted from
+    `computed_before`, and its longest gap's ratio to the normal gap at the streams' context
+    (0 where it ended none)."""
+    step, seconds, tokens, layers, done, slack, stolen, waited, gap, context = row
+    gap_ratio = gap / normal(context) if gap else 0.0
+    ms = [round(x * 1e3, 1) for x in (seconds, slack, stolen, waited, gap)]
+    return [step, ms[0], tokens, layers, done - computed_before, *ms[1:], round(gap_ratio, 3),
+            context]  # fmt: skip
 
 
 def _over_target(ranked: list[tuple[float, Gap]]) -> list[list[float]]:

@@ -55,9 +55,22 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         contexts = [context for context, _, _ in r["decode_only_beside"]]
         assert contexts == sorted(contexts)
         assert all(count >= 1 and ratio > 0 for _, count, ratio in r["decode_only_beside"])
+        # Every step beside the prompt is kept, in order, the prompt done by the last one.
+        rows = [dict(zip(r["step_columns"], row, strict=True)) for row in r["steps"]]
+        numbers = [row["step"] for row in rows]
+        assert numbers == list(range(numbers[0], numbers[0] + len(rows)))
+        assert rows[-1]["prompt_done"] == 300
+        assert all(row["prompt_done"] < 300 for row in rows[:-1])
+        by_step = {row["step"]: row for row in rows}
+        assert by_step[worst["step"]]["gap_ms"] == round(worst["gap_ms"], 1)
+        assert by_step[worst["step"]]["ratio"] == pytest.approx(worst["ratio"], abs=1e-3)
+        assert max(row["ratio"] for row in rows) == pytest.approx(r["worst_ratio"], abs=1e-3)
+        prompt_steps = [row for row in rows if row["prefill_tokens"]]
+        assert all(row["step_ms"] > 0 for row in rows) and prompt_steps
         alone = r["alone_worst_gaps"]
         assert len(alone) == 3 and alone[0]["ratio"] == r["alone_worst_ratio"]
         assert all(g["prefill_tokens"] == 0 for g in alone)  # the streams alone
+    assert len(paced["steps"]) > 1  # the paced prompt took many steps
     # Unpaced, every step beside the prompt carries prompt work: no local normal.
     assert unpaced["local"] is None
     # Unpaced, 300 tokens fit in one step; paced, a prompt takes many steps beside the streams.
