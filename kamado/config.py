@@ -76,8 +76,7 @@ class EngineConfig:
     max_model_len: int | None = None
     # A step carrying a prefill chunk beside running decodes may take at most this many
     # times a decode-only step, so decoding streams are never frozen by a long prompt.
-    # None: 1.2 on a CPU, 1.25 on an accelerator (kamado.engine.pacer.default_stall_factor).
-    decode_stall_factor: float | None = None
+    decode_stall_factor: float = 1.25
     # The same bound while an agent's short follow-up turn (<= 2,048 new prompt tokens) is
     # prefilled: its time to first token is what the agent waits for.
     short_turn_stall_factor: float = 2.0

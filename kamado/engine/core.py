@@ -18,7 +18,7 @@ from kamado.engine.cpu_threads import DEFAULT_THREADS, ThreadGovernor
 from kamado.engine.model_loading import host_tier_bytes, kv_fingerprint, load_for_engine
 from kamado.engine.model_runner import Launched, ModelRunner, Verified
 from kamado.engine.outputs import TokenDelta
-from kamado.engine.pacer import PrefillPacer, default_stall_factor
+from kamado.engine.pacer import PrefillPacer
 from kamado.engine.sampling_params import SamplingParams
 from kamado.engine.scheduler import ScheduledSeq, Scheduler
 from kamado.engine.sequence import Sequence, Status
@@ -155,9 +155,7 @@ class EngineCore:
             cache=self.runner.cache,
         )
         self.pacer = PrefillPacer(
-            config.decode_stall_factor
-            if config.decode_stall_factor is not None
-            else default_stall_factor(self.runner.device.type),
+            config.decode_stall_factor,
             config.max_num_batched_tokens,
             config.short_turn_stall_factor,
         )

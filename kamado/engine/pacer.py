@@ -38,15 +38,6 @@ from collections.abc import Sequence
 Point = tuple[int, float]  # (chunk tokens, seconds the chunk added to the step)
 
 
-def default_stall_factor(device_type: str) -> float:
-    """The stall factor where the user set none. A CPU's steps vary by themselves: in a 16k
-    fairness run the streams' worst gap alone was 1.22x their normal one, and at a factor of
-    1.25 one step of a chunk reached 1.50x where the same chunk's steps around it took
-    1.10-1.36x. The lower factor leaves room for that variation (1.2 x 1.22 = 1.46). An
-    accelerator's steps vary by a few percent; it keeps the prompt's faster pace."""
-    return 1.2 if device_type == "cpu" else 1.25
-
-
 def chunk_sizes(up_to: int) -> list[int]:
     """The sizes a staged chunk takes, up to `up_to`: 1, 2, 3, 4, 6, 8, 12, 16, 24, ...
     (two a doubling). Few sizes, so each runs its matmuls many times: on the H200 the first
