@@ -54,13 +54,14 @@ def main() -> None:
                 f"  {statistics.median(r['slack_ms'] for r in quarter):5.1f} ms"
             )
         at = {r["step"]: i for i, r in enumerate(rows)}
-        slowest = sorted(rows, key=lambda r: -r["ratio"])[:GROWTH_STEPS]
+        ranked = sorted(rows, key=lambda r: -r["ratio"])
+        slowest = ranked[:GROWTH_STEPS]
         grown = [r for r in slowest if grew(rows, at[r["step"]])]
         print(
             f"of the {len(slowest)} slowest steps, {len(grown)} ran a chunk larger than any in "
             f"the {GROWTH_STEPS} steps before it: " + ", ".join(f"{r['ratio']:.3f}x" for r in grown)
         )
-        for slow in sorted(rows, key=lambda r: -r["ratio"])[: args.worst]:
+        for slow in ranked[: args.worst]:
             i = at[slow["step"]]
             print(f"step {slow['step']} at {slow['ratio']:.3f}x, with the steps around it:")
             for r in rows[max(0, i - args.around) : i + args.around + 1]:
