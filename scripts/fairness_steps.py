@@ -65,10 +65,11 @@ def main() -> None:
             i = at[slow["step"]]
             print(f"step {slow['step']} at {slow['ratio']:.3f}x, with the steps around it:")
             for r in rows[max(0, i - args.around) : i + args.around + 1]:
+                faults = f", {r['minor_faults']} faults" if "minor_faults" in r else ""
                 print(
                     f"  {'>' if r is slow else ' '} step {r['step']}: {r['step_ms']:6.1f} ms, "
                     f"{r['prefill_tokens']:3d} tokens x {r['prefill_layers']} layers, prompt at "
-                    f"{r['prompt_done']}, waited {r['waited_ms']:.1f} ms, {r['ratio']:.3f}x"
+                    f"{r['prompt_done']}, waited {r['waited_ms']:.1f} ms{faults}, {r['ratio']:.3f}x"
                 )
 
 

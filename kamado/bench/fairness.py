@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import resource
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -110,6 +111,13 @@ class Fairness:
     steps: list[list[float]]
 
 
+def _minor_faults() -> int:
+    """Pages this process has touched for the first time since it began (Linux counts a
+    minor fault per page that memory newly mapped, say by a large allocation, first hands
+    it): a step that faults in megabytes pays for it in time."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 class CollectionTimer:
     """Seconds the garbage collector has run since this was made, until `close`."""
 
@@ -155,7 +163,9 @@ class Streams:
     def step(self) -> set[str]:
         """One engine step; returns the ids of the requests that got a token."""
         gc_before, segments = self.collections.seconds, self._device_segments()
+        faults_before = _minor_faults()
         deltas = self.engine.step()
+        faults = _minor_faults() - faults_before
         now = time.perf_counter()
         stats, gc_seconds = self.engine.stats, self.collections.seconds - gc_before
         mallocs = self._device_segments() - segments
@@ -181,7 +191,7 @@ class Streams:
         self._steps.append(
             (stats.steps, stats.last_step_seconds, stats.last_step_prefill_tokens,
              stats.last_step_prefill_layers, stats.prompt_tokens_total, slack or 0.0, stolen,
-             waited, worst, min(self.length.values()))
+             waited, worst, min(self.length.values()), faults)
         )  # fmt: skip
         return {d.request_id for d in deltas}
 
@@ -208,7 +218,8 @@ class Streams:
     def step_rows(self, start: int, end: int) -> list[tuple]:
         """The engine steps recorded from the `start`-th up to the `end`-th, as tuples of
         (step, seconds, prefill tokens, prefill layers, prompt tokens done in all, pacer's
-        slack s, stolen s, waited s, the longest gap it ended s, the streams' context)."""
+        slack s, stolen s, waited s, the longest gap it ended s, the streams' context, minor
+        page faults in its forward pass)."""
         return self._steps[start:end]
 
     def gaps(self, start: int = 0, end: int | None = None) -> list[Gap]:
@@ -372,18 +383,19 @@ OVER_TARGET_COLUMNS = ("step", "ratio", "gap_ms", "step_ms", "schedule_ms", "fin
 
 
 STEP_COLUMNS = ("step", "step_ms", "prefill_tokens", "prefill_layers", "prompt_done",
-                "slack_ms", "stolen_ms", "waited_ms", "gap_ms", "ratio", "context")  # fmt: skip
+                "slack_ms", "stolen_ms", "waited_ms", "gap_ms", "ratio", "context",
+                "minor_faults")  # fmt: skip
 
 
 def _step_row(row: tuple, computed_before: int, normal: Callable[[float], float]) -> list[float]:
     """One engine step as STEP_COLUMNS: times in ms to 0.1, `prompt_done` counted from
     `computed_before`, and its longest gap's ratio to the normal gap at the streams' context
     (0 where it ended none)."""
-    step, seconds, tokens, layers, done, slack, stolen, waited, gap, context = row
+    step, seconds, tokens, layers, done, slack, stolen, waited, gap, context, faults = row
     gap_ratio = gap / normal(context) if gap else 0.0
     ms = [round(x * 1e3, 1) for x in (seconds, slack, stolen, waited, gap)]
     return [step, ms[0], tokens, layers, done - computed_before, *ms[1:], round(gap_ratio, 3),
-            context]  # fmt: skip
+            context, faults]  # fmt: skip
 
 
 def _over_target(ranked: list[tuple[float, Gap]]) -> list[list[float]]:

@@ -67,6 +67,8 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         assert max(row["ratio"] for row in rows) == pytest.approx(r["worst_ratio"], abs=1e-3)
         prompt_steps = [row for row in rows if row["prefill_tokens"]]
         assert all(row["step_ms"] > 0 for row in rows) and prompt_steps
+        faults = [row["minor_faults"] for row in rows]
+        assert all(isinstance(f, int) and f >= 0 for f in faults)
         alone = r["alone_worst_gaps"]
         assert len(alone) == 3 and alone[0]["ratio"] == r["alone_worst_ratio"]
         assert all(g["prefill_tokens"] == 0 for g in alone)  # the streams alone
