@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
 
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.sampling_params import SamplingParams
 from kamado.server.decoding import decode_body, read_body
-from kamado.server.errors import APIError, from_generation_failure
+from kamado.server.errors import APIError
 from kamado.server.generation import Generation
 from kamado.server.output_constraints import ToolConstraint, output_constraint
 from kamado.server.protocol import (
@@ -45,14 +44,11 @@ from kamado.server.protocol import (
     now,
 )
 from kamado.server.request_params import fit_max_tokens, sampling_params
-from kamado.server.state import Lease, ServerState
+from kamado.server.respond import respond
+from kamado.server.state import ServerState
 from kamado.server.streaming import (
-    DONE,
     HEARTBEAT,
-    ClientGone,
     sse,
-    sse_error,
-    unless_disconnected,
     with_heartbeats,
 )
 from kamado.server.tool_calls import (
@@ -248,9 +244,7 @@ async def _collect(state: ServerState, prep: PreparedChat, gen: Generation) -> C
     )
 
 
-async def _stream(
-    state: ServerState, prep: PreparedChat, gen: Generation, lease: Lease
-) -> AsyncIterator[str]:
+async def _stream(state: ServerState, prep: PreparedChat, gen: Generation) -> AsyncIterator[str]:
     created = now()
     n = gen.params.n
     want_lp = gen.params.logprobs is not None
@@ -268,70 +262,62 @@ async def _stream(
             }
         )
 
-    try:
-        builders = [ChoiceBuilder(i, prep.tool_plan, state) for i in range(n)]
-        for i in range(n):
-            yield chunk(i, {"role": "assistant", "content": ""})
-        pending_lps: list[list[ChatTokenLogprob]] = [[] for _ in range(n)]
-        async with (
-            aclosing(gen.updates()) as updates,
-            aclosing(with_heartbeats(updates, state.options.heartbeat_s)) as beats,
-        ):
-            async for up in beats:
-                if up is None:
-                    yield HEARTBEAT
-                    continue
-                b = builders[up.index]
-                if want_lp:
-                    pending_lps[up.index] += b.format_logprobs(up.logprobs)
-                for ev in b.events(up.text, up.finish_reason is not None):
-                    if isinstance(ev, TextEvent):
-                        yield chunk(up.index, {"content": ev.text}, lps=pending_lps[up.index])
-                        pending_lps[up.index] = []
-                        continue
-                    k = len(b.calls)  # index of the call this event belongs to
-                    if isinstance(ev, CallStartEvent):
-                        head = {"index": k, "id": b.start_call(), "type": "function"}
-                        head["function"] = {"name": ev.name, "arguments": ""}
-                        yield chunk(up.index, {"tool_calls": [head]})
-                        continue
-                    if isinstance(ev, ArgumentsEvent):
-                        args = {"index": k, "function": {"arguments": ev.text}}
-                        yield chunk(up.index, {"tool_calls": [args]})
-                        continue
-                    call = b.call(ev)
-                    if ev.streamed:
-                        continue
-                    head = {"index": k, "id": call.id, "type": "function"}
-                    head["function"] = {"name": call.function.name, "arguments": ""}
-                    yield chunk(up.index, {"tool_calls": [head]})
-                    args = {"index": k, "function": {"arguments": call.function.arguments}}
-                    yield chunk(up.index, {"tool_calls": [args]})
-                if up.finish_reason is not None:
-                    reason = b.final_reason(up.finish_reason)
-                    yield chunk(up.index, {}, reason, lps=pending_lps[up.index])
+    builders = [ChoiceBuilder(i, prep.tool_plan, state) for i in range(n)]
+    for i in range(n):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    pending_lps: list[list[ChatTokenLogprob]] = [[] for _ in range(n)]
+    async with (
+        aclosing(gen.updates()) as updates,
+        aclosing(with_heartbeats(updates, state.options.heartbeat_s)) as beats,
+    ):
+        async for up in beats:
+            if up is None:
+                yield HEARTBEAT
+                continue
+            b = builders[up.index]
+            if want_lp:
+                pending_lps[up.index] += b.format_logprobs(up.logprobs)
+            for ev in b.events(up.text, up.finish_reason is not None):
+                if isinstance(ev, TextEvent):
+                    yield chunk(up.index, {"content": ev.text}, lps=pending_lps[up.index])
                     pending_lps[up.index] = []
-        if prep.req.include_usage:
-            yield sse(
-                {
-                    "id": gen.request_id,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": state.model_name,
-                    "choices": [],
-                    "usage": _usage(gen).model_dump(),
-                }
-            )
-        yield DONE
-    except Exception as e:  # headers are gone: say what broke, then end the stream properly
-        err = from_generation_failure(e)
-        yield sse_error(err.message, err.type, err.code)
-        yield DONE
-    finally:
-        lease.release()
+                    continue
+                k = len(b.calls)  # index of the call this event belongs to
+                if isinstance(ev, CallStartEvent):
+                    head = {"index": k, "id": b.start_call(), "type": "function"}
+                    head["function"] = {"name": ev.name, "arguments": ""}
+                    yield chunk(up.index, {"tool_calls": [head]})
+                    continue
+                if isinstance(ev, ArgumentsEvent):
+                    args = {"index": k, "function": {"arguments": ev.text}}
+                    yield chunk(up.index, {"tool_calls": [args]})
+                    continue
+                call = b.call(ev)
+                if ev.streamed:
+                    continue
+                head = {"index": k, "id": call.id, "type": "function"}
+                head["function"] = {"name": call.function.name, "arguments": ""}
+                yield chunk(up.index, {"tool_calls": [head]})
+                args = {"index": k, "function": {"arguments": call.function.arguments}}
+                yield chunk(up.index, {"tool_calls": [args]})
+            if up.finish_reason is not None:
+                reason = b.final_reason(up.finish_reason)
+                yield chunk(up.index, {}, reason, lps=pending_lps[up.index])
+                pending_lps[up.index] = []
+    if prep.req.include_usage:
+        yield sse(
+            {
+                "id": gen.request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": state.model_name,
+                "choices": [],
+                "usage": _usage(gen).model_dump(),
+            }
+        )
 
 
-async def create_chat_completion(state: ServerState, request: Request) -> Any:
+async def create_chat_completion(state: ServerState, request: Request) -> Response:
     arrival = time.monotonic()
     prep = await prepare(state, await read_body(request))
     state.check_alive()
@@ -345,20 +331,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Any:
         arrival,
         session=prep.req.session_key,
     )
-    if prep.req.stream:
-        return StreamingResponse(
-            _stream(state, prep, gen, lease),
-            media_type="text/event-stream",
-            # Also released here: a stream cancelled before it started never runs its finally.
-            background=BackgroundTask(lease.release),
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prep.headers},
-        )
-    try:
-        result = await unless_disconnected(request, _collect(state, prep, gen))
-    except ClientGone:
-        return JSONResponse({}, status_code=499)
-    except Exception as e:
-        raise from_generation_failure(e) from None
-    finally:
-        lease.release()
-    return JSONResponse(result.model_dump(), headers=prep.headers)
+    return await respond(
+        request, lease, prep.headers, prep.req.stream,
+        events=lambda: _stream(state, prep, gen), collect=lambda: _collect(state, prep, gen),
+    )  # fmt: skip

@@ -10,13 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
 
 from kamado.engine.outputs import TokenLogprob
 from kamado.engine.sampling_params import SamplingParams
 from kamado.server.decoding import decode_body, read_body
-from kamado.server.errors import APIError, from_generation_failure
+from kamado.server.errors import APIError
 from kamado.server.generation import Generation
 from kamado.server.output_constraints import output_constraint
 from kamado.server.protocol import (
@@ -29,14 +28,11 @@ from kamado.server.protocol import (
     now,
 )
 from kamado.server.request_params import fit_max_tokens, sampling_params
-from kamado.server.state import Lease, ServerState
+from kamado.server.respond import respond
+from kamado.server.state import ServerState
 from kamado.server.streaming import (
-    DONE,
     HEARTBEAT,
-    ClientGone,
     sse,
-    sse_error,
-    unless_disconnected,
     with_heartbeats,
 )
 
@@ -159,7 +155,7 @@ async def _collect(state: ServerState, gen: Generation) -> Completion:
 
 
 async def _stream(
-    state: ServerState, prep: PreparedCompletion, gen: Generation, lease: Lease
+    state: ServerState, prep: PreparedCompletion, gen: Generation
 ) -> AsyncIterator[str]:
     created = now()
     want_lp = gen.params.logprobs is not None
@@ -177,32 +173,24 @@ async def _stream(
             body["usage"] = usage.model_dump()
         return sse(body)
 
-    try:
-        async with (
-            aclosing(gen.updates()) as updates,
-            aclosing(with_heartbeats(updates, state.options.heartbeat_s)) as beats,
-        ):
-            async for up in beats:
-                if up is None:
-                    yield HEARTBEAT
-                    continue
-                if not up.text and up.finish_reason is None and not want_lp:
-                    continue
-                lp = fmt[up.index].format(up.logprobs).model_dump() if want_lp else None
-                choice = {"index": up.index, "text": up.text, "logprobs": lp}
-                yield chunk([{**choice, "finish_reason": up.finish_reason}])
-        if prep.req.include_usage:
-            yield chunk([], _usage(gen))
-        yield DONE
-    except Exception as e:  # headers are gone: say what broke, then end the stream properly
-        err = from_generation_failure(e)
-        yield sse_error(err.message, err.type, err.code)
-        yield DONE
-    finally:
-        lease.release()
+    async with (
+        aclosing(gen.updates()) as updates,
+        aclosing(with_heartbeats(updates, state.options.heartbeat_s)) as beats,
+    ):
+        async for up in beats:
+            if up is None:
+                yield HEARTBEAT
+                continue
+            if not up.text and up.finish_reason is None and not want_lp:
+                continue
+            lp = fmt[up.index].format(up.logprobs).model_dump() if want_lp else None
+            choice = {"index": up.index, "text": up.text, "logprobs": lp}
+            yield chunk([{**choice, "finish_reason": up.finish_reason}])
+    if prep.req.include_usage:
+        yield chunk([], _usage(gen))
 
 
-async def create_completion(state: ServerState, request: Request) -> Any:
+async def create_completion(state: ServerState, request: Request) -> Response:
     arrival = time.monotonic()
     prep = await prepare(state, await read_body(request))
     state.check_alive()
@@ -216,19 +204,7 @@ async def create_completion(state: ServerState, request: Request) -> Any:
         arrival,
         session=prep.req.session_key,
     )
-    if prep.req.stream:
-        return StreamingResponse(
-            _stream(state, prep, gen, lease),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **prep.headers},
-            background=BackgroundTask(lease.release),
-        )
-    try:
-        result = await unless_disconnected(request, _collect(state, gen))
-    except ClientGone:
-        return JSONResponse({}, status_code=499)
-    except Exception as e:
-        raise from_generation_failure(e) from None
-    finally:
-        lease.release()
-    return JSONResponse(result.model_dump(), headers=prep.headers)
+    return await respond(
+        request, lease, prep.headers, prep.req.stream,
+        events=lambda: _stream(state, prep, gen), collect=lambda: _collect(state, gen),
+    )  # fmt: skip
