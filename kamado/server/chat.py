@@ -46,11 +46,7 @@ from kamado.server.protocol import (
 from kamado.server.request_params import fit_max_tokens, sampling_params
 from kamado.server.respond import respond
 from kamado.server.state import ServerState
-from kamado.server.streaming import (
-    HEARTBEAT,
-    sse,
-    with_heartbeats,
-)
+from kamado.server.streaming import sse
 from kamado.server.tool_calls import (
     ArgumentsEvent,
     CallEvent,
@@ -266,14 +262,8 @@ async def _stream(state: ServerState, prep: PreparedChat, gen: Generation) -> As
     for i in range(n):
         yield chunk(i, {"role": "assistant", "content": ""})
     pending_lps: list[list[ChatTokenLogprob]] = [[] for _ in range(n)]
-    async with (
-        aclosing(gen.updates()) as updates,
-        aclosing(with_heartbeats(updates, state.options.heartbeat_s)) as beats,
-    ):
-        async for up in beats:
-            if up is None:
-                yield HEARTBEAT
-                continue
+    async with aclosing(gen.updates()) as updates:
+        async for up in updates:
             b = builders[up.index]
             if want_lp:
                 pending_lps[up.index] += b.format_logprobs(up.logprobs)
@@ -334,4 +324,5 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     return await respond(
         request, lease, prep.headers, prep.req.stream,
         events=lambda: _stream(state, prep, gen), collect=lambda: _collect(state, prep, gen),
+        heartbeat_s=state.options.heartbeat_s,
     )  # fmt: skip

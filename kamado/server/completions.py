@@ -30,11 +30,7 @@ from kamado.server.protocol import (
 from kamado.server.request_params import fit_max_tokens, sampling_params
 from kamado.server.respond import respond
 from kamado.server.state import ServerState
-from kamado.server.streaming import (
-    HEARTBEAT,
-    sse,
-    with_heartbeats,
-)
+from kamado.server.streaming import sse
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
@@ -173,14 +169,8 @@ async def _stream(
             body["usage"] = usage.model_dump()
         return sse(body)
 
-    async with (
-        aclosing(gen.updates()) as updates,
-        aclosing(with_heartbeats(updates, state.options.heartbeat_s)) as beats,
-    ):
-        async for up in beats:
-            if up is None:
-                yield HEARTBEAT
-                continue
+    async with aclosing(gen.updates()) as updates:
+        async for up in updates:
             if not up.text and up.finish_reason is None and not want_lp:
                 continue
             lp = fmt[up.index].format(up.logprobs).model_dump() if want_lp else None
@@ -207,4 +197,5 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     return await respond(
         request, lease, prep.headers, prep.req.stream,
         events=lambda: _stream(state, prep, gen), collect=lambda: _collect(state, gen),
+        heartbeat_s=state.options.heartbeat_s,
     )  # fmt: skip

@@ -14,7 +14,7 @@ from kamado.engine.core import RequestError
 from kamado.server.errors import APIError
 from kamado.server.respond import respond
 from kamado.server.state import Lease
-from kamado.server.streaming import DONE, sse
+from kamado.server.streaming import DONE, HEARTBEAT, sse
 
 
 class Admissions:
@@ -47,11 +47,11 @@ async def events_then_failure(closed: list[bool]) -> AsyncIterator[str]:
         closed.append(True)
 
 
-async def answer(events, collect=None, admissions=None):
+async def answer(events, collect=None, admissions=None, heartbeat_s=60.0):
     admissions = admissions or Admissions()
     response = await respond(
         request_that_stays(), Lease(admissions), {"X-Test": "1"}, collect is None,
-        events=events, collect=collect or (lambda: None),
+        events=events, collect=collect or (lambda: None), heartbeat_s=heartbeat_s,
     )  # fmt: skip
     return response, admissions
 
@@ -74,6 +74,19 @@ async def test_a_stream_the_client_leaves_is_closed_and_its_lease_released():
     assert await anext(stream) == sse({"text": "first"})
     await stream.aclose()  # what Starlette does when the client goes away
     assert closed == [True] and admissions.released == 1
+
+
+async def test_a_stream_with_nothing_to_send_keeps_the_connection_alive():
+    async def slow_events() -> AsyncIterator[str]:
+        yield sse({"text": "first"})
+        await asyncio.sleep(0.35)  # a long prefill, or a tool call held back until it parses
+        yield sse({"text": "second"})
+
+    response, admissions = await answer(slow_events, heartbeat_s=0.1)
+    events = [e async for e in response.body_iterator]
+    assert events[0] == sse({"text": "first"}) and events[-2:] == [sse({"text": "second"}), DONE]
+    assert set(events[1:-2]) == {HEARTBEAT} and 1 <= len(events[1:-2]) <= 4
+    assert admissions.released == 1
 
 
 async def test_a_collected_answer_is_one_body():
