@@ -87,8 +87,17 @@ _INT4_DOT_CONFIGS = [
 ]  # fmt: skip
 _INT4_GEMV_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "GROUPS_PER_STEP": g}, num_warps=w)
-    for bn, g, w in [(4, 32, 4), (8, 16, 4), (4, 8, 1), (8, 8, 2), (4, 4, 1)]
+    for bn, g, w in [(4, 32, 4), (8, 16, 4), (8, 16, 2), (4, 8, 1), (8, 8, 2), (4, 4, 1)]
 ]
+# Weight bytes the one-row int4 GEMV must have on their way to each multiprocessor at once
+# to keep DRAM busy (about its bandwidth times its latency, 3-4 TB/s x ~0.8 us, over 132
+# SMs). Every program of a decode GEMV is resident at once and each has one step of its
+# rows in flight, so a matrix of few rows needs long steps. Triton's autotuner times each
+# call alone, and there it sometimes picks short steps for such a matrix, which in a decode
+# step's chain of kernels read it at half the rate (scripts/gemv_sweep.py 1 int4). On an
+# H100 that pick for Qwen3-8B's QKV alone cost 4% of int4's decode rate in one run of two
+# (bench/results/2026-12-06-h100-int4-gemv-tuner-choice.txt).
+INT4_GEMV_MIN_BYTES_IN_FLIGHT = 24 * 1024
 # Two to four input rows, four weight rows a program: (GROUPS_PER_STEP, num_warps), the
 # winners of scripts/gemv_sweep.py 2 int4 and 4 int4.
 _INT4_GEMV_ROWS_CONFIGS = [
@@ -341,6 +350,31 @@ def _split_fits(configs: list[triton.Config], named_args: dict, **kwargs) -> lis
     return [c for c in configs if c.kwargs["SPLIT_K"] == 1 or splits]
 
 
+def int4_gemv_configs(
+    configs: list[triton.Config], weight_rows: int, group: int, multiprocessors: int
+) -> list[triton.Config]:
+    """The one-row int4 GEMV tiles that keep INT4_GEMV_MIN_BYTES_IN_FLIGHT per
+    multiprocessor on their way (a step is GROUPS_PER_STEP groups of each weight row); the
+    longest-step ones where none does."""
+
+    def in_flight(config: triton.Config) -> float:
+        step_bytes = config.kwargs["GROUPS_PER_STEP"] * group // 2
+        return weight_rows * step_bytes / multiprocessors
+
+    enough = [c for c in configs if in_flight(c) >= INT4_GEMV_MIN_BYTES_IN_FLIGHT]
+    most = max(in_flight(c) for c in configs)
+    return enough or [c for c in configs if in_flight(c) == most]
+
+
+def _int4_gemv_fits(
+    configs: list[triton.Config], named_args: dict, **kwargs
+) -> list[triton.Config]:
+    weight_rows = named_args["N"] * (2 if kwargs["GATED"] else 1)
+    device = named_args["w_ptr"].device
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return int4_gemv_configs(configs, weight_rows, kwargs["GROUP"], sms)
+
+
 _rowwise_tuned = _tuned_per_rows(
     _rowwise_kernel, _CONFIGS, key=["N", "K", "GATED"],
     prune_configs_by={"early_config_prune": _split_fits},
@@ -351,8 +385,9 @@ _int4_dot_tuned = _tuned_per_rows(
     prune_configs_by={"early_config_prune": _split_fits},
 )  # fmt: skip
 _int4_gemv_tuned = _tuned_per_rows(
-    int4_gemv_kernel, _INT4_GEMV_CONFIGS, key=["N", "K", "GROUP", "GATED"]
-)
+    int4_gemv_kernel, _INT4_GEMV_CONFIGS, key=["N", "K", "GROUP", "GATED"],
+    prune_configs_by={"early_config_prune": _int4_gemv_fits},
+)  # fmt: skip
 _int4_mma_tuned = _tuned_per_rows(int4_mma_kernel, _INT4_MMA_CONFIGS, key=["N", "K"])
 _int4_gemv_rows_tuned = _tuned_per_rows(
     int4_gemv_rows_kernel, _INT4_GEMV_ROWS_CONFIGS, key=["N", "K", "GROUP"]
