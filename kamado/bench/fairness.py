@@ -112,9 +112,9 @@ class Fairness:
 
 
 def _minor_faults() -> int:
-    """Pages this process has touched for the first time since it began (Linux counts a
-    minor fault per page that memory newly mapped, say by a large allocation, first hands
-    it): a step that faults in megabytes pays for it in time."""
+    """Minor page faults this process has taken so far. On Linux each page of newly mapped
+    memory (a large allocation's, say) faults when first touched, and a step that faults
+    in megabytes pays for it in time."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
@@ -219,7 +219,7 @@ class Streams:
         """The engine steps recorded from the `start`-th up to the `end`-th, as tuples of
         (step, seconds, prefill tokens, prefill layers, prompt tokens done in all, pacer's
         slack s, stolen s, waited s, the longest gap it ended s, the streams' context, minor
-        page faults in its forward pass)."""
+        page faults during the step)."""
         return self._steps[start:end]
 
     def gaps(self, start: int = 0, end: int | None = None) -> list[Gap]:

@@ -89,14 +89,15 @@ _INT4_GEMV_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "GROUPS_PER_STEP": g}, num_warps=w)
     for bn, g, w in [(4, 32, 4), (8, 16, 4), (8, 16, 2), (4, 8, 1), (8, 8, 2), (4, 4, 1)]
 ]
-# Weight bytes the one-row int4 GEMV must have on their way to each multiprocessor at once
-# to keep DRAM busy (about its bandwidth times its latency, 3-4 TB/s x ~0.8 us, over 132
-# SMs). Every program of a decode GEMV is resident at once and each has one step of its
-# rows in flight, so a matrix of few rows needs long steps. Triton's autotuner times each
-# call alone, and there it sometimes picks short steps for such a matrix, which in a decode
-# step's chain of kernels read it at half the rate (scripts/gemv_sweep.py 1 int4). On an
-# H100 that pick for Qwen3-8B's QKV alone cost 4% of int4's decode rate in one run of two
-# (bench/results/2026-12-06-h100-int4-gemv-tuner-choice.txt).
+# A one-row int4 GEMV program has one step of its rows' weights in flight at a time, so a
+# matrix of few rows needs long steps to keep DRAM busy (whose bandwidth times latency is
+# about 3-4 TB/s x ~0.8 us, some 20-25 KB per SM on 132 SMs). Each tile must offer at
+# least this many bytes per SM in one step of all the matrix's rows. The bound sits where
+# the sweeps on an H100 and an H200 split the tiles (scripts/gemv_sweep.py 1 int4): at
+# 4096-6144 rows, the tiles it drops read at half the rate of those it keeps in a decode
+# step's chain of kernels. Triton's autotuner times each call alone and sometimes picked
+# one of them: on an H100 that pick for Qwen3-8B's QKV cost 4% of int4's decode rate in
+# one run of two (bench/results/2026-12-06-h100-int4-gemv-tuner-choice.txt).
 INT4_GEMV_MIN_BYTES_IN_FLIGHT = 24 * 1024
 # Two to four input rows, four weight rows a program: (GROUPS_PER_STEP, num_warps), the
 # winners of scripts/gemv_sweep.py 2 int4 and 4 int4.
@@ -353,9 +354,9 @@ def _split_fits(configs: list[triton.Config], named_args: dict, **kwargs) -> lis
 def int4_gemv_configs(
     configs: list[triton.Config], weight_rows: int, group: int, multiprocessors: int
 ) -> list[triton.Config]:
-    """The one-row int4 GEMV tiles that keep INT4_GEMV_MIN_BYTES_IN_FLIGHT per
-    multiprocessor on their way (a step is GROUPS_PER_STEP groups of each weight row); the
-    longest-step ones where none does."""
+    """The one-row int4 GEMV tiles whose step over all `weight_rows` (GROUPS_PER_STEP
+    groups of each) is INT4_GEMV_MIN_BYTES_IN_FLIGHT per multiprocessor or more; the
+    longest-step ones where none is."""
 
     def in_flight(config: triton.Config) -> float:
         step_bytes = config.kwargs["GROUPS_PER_STEP"] * group // 2
