@@ -99,6 +99,7 @@ _INT4_GEMV_CONFIGS = [
 # one of them: on an H100 that pick for Qwen3-8B's QKV cost 4% of int4's decode rate in
 # one run of two (bench/results/2026-12-06-h100-int4-gemv-tuner-choice.txt).
 INT4_GEMV_MIN_BYTES_IN_FLIGHT = 24 * 1024
+HOPPER_SMS = 132  # the H100's and H200's multiprocessors
 # Two to four input rows, four weight rows a program: (GROUPS_PER_STEP, num_warps), the
 # winners of scripts/gemv_sweep.py 2 int4 and 4 int4.
 _INT4_GEMV_ROWS_CONFIGS = [
@@ -372,7 +373,11 @@ def _int4_gemv_fits(
 ) -> list[triton.Config]:
     weight_rows = named_args["N"] * (2 if kwargs["GATED"] else 1)
     device = named_args["w_ptr"].device
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else HOPPER_SMS  # compiled ahead for Hopper without a GPU (tests/kernels)
+    )
     return int4_gemv_configs(configs, weight_rows, kwargs["GROUP"], sms)
 
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from kamado.surgery import triton_matmul as tm
 
-H100_SMS = 132
-
 
 def tiles(weight_rows: int, group: int = 128) -> list[tuple[int, int, int]]:
-    configs = tm.int4_gemv_configs(tm._INT4_GEMV_CONFIGS, weight_rows, group, H100_SMS)
+    configs = tm.int4_gemv_configs(tm._INT4_GEMV_CONFIGS, weight_rows, group, tm.HOPPER_SMS)
     return [(c.kwargs["BLOCK_N"], c.kwargs["GROUPS_PER_STEP"], c.num_warps) for c in configs]
 
 
@@ -16,7 +14,7 @@ def test_a_matrix_of_few_rows_gets_only_long_steps():
     # Qwen3-8B's QKV (6144 rows), o and down (4096): short steps leave DRAM idle there.
     for rows in (6144, 4096):
         assert tiles(rows) == [(4, 32, 4), (8, 16, 4), (8, 16, 2)]
-        bytes_in_flight = rows * 16 * 64 / H100_SMS  # 16 groups of 64 bytes a row
+        bytes_in_flight = rows * 16 * 64 / tm.HOPPER_SMS  # 16 groups of 64 bytes a row
         assert bytes_in_flight >= tm.INT4_GEMV_MIN_BYTES_IN_FLIGHT
 
 
