@@ -89,6 +89,7 @@ async def _serve(
     from kamado.models.tokenizer import load_tokenizer
     from kamado.server.app import build_app
     from kamado.server.state import ServerOptions, ServerState
+    from kamado.server.streaming import HEARTBEAT_SECONDS
     from kamado.server.supervisor import Supervisor
 
     tokenizer = await asyncio.to_thread(load_tokenizer, source)
@@ -101,7 +102,7 @@ async def _serve(
         max_queued=args.max_queued,
         bare_json_tool_calls=not args.no_bare_json_tool_calls,
         stall_timeout_s=_env_float("KAMADO_HEALTH_STALL_SECONDS", 120.0),
-        heartbeat_s=_env_float("KAMADO_SSE_HEARTBEAT_SECONDS", 15.0),
+        heartbeat_s=_env_float("KAMADO_SSE_HEARTBEAT_SECONDS", HEARTBEAT_SECONDS),
         chat_template_file=args.chat_template,
         chat_template_kwargs=template_kwargs,
         tool_call_format=args.tool_call_format,

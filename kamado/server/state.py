@@ -9,6 +9,7 @@ from typing import Any
 from kamado.server.chat_template import ChatTemplate
 from kamado.server.errors import APIError, model_not_found, queue_full
 from kamado.server.metrics import Metrics
+from kamado.server.streaming import HEARTBEAT_SECONDS
 from kamado.server.token_text import TokenText
 from kamado.structured.tool_formats import ToolFormat
 
@@ -24,7 +25,7 @@ class ServerOptions:
     # /health fails when the engine has work but completed no step for this long.
     stall_timeout_s: float = 120.0
     # A streamed reply that has nothing to send for this long sends an SSE comment.
-    heartbeat_s: float = 15.0
+    heartbeat_s: float = HEARTBEAT_SECONDS
     chat_template_file: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tool_call_format: ToolFormat | None = None  # None: read from the chat template
