@@ -4,10 +4,12 @@ over a paged cache with blocks scattered as a long-running server leaves them, i
 as int8/fp8 codes with a scale per token and kv head.
 
     python scripts/decode_attention_speed.py [--contexts 512 8192 32768 131072] [--batches 1 4]
-        [--kv bf16|int8|fp8]
+        [--kv bf16|int8|fp8] [--short-n 32 128]
 
 Each figure is the median over 20 replays of a CUDA graph of 20 calls back to back, as a
-captured decode step runs them (with PDL where the device has it), per call.
+captured decode step runs them (with PDL where the device has it), per call. `--short-n`
+compares tiles for the slices of short contexts (decode_attention's short_n, its default
+where not given; 128, the long-context tile, takes the short path's code up to 128 keys).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 CODES = {"bf16": torch.bfloat16, "int8": torch.int8, "fp8": torch.float8_e4m3fn}
 
 
-def call_us(batch: int, context: int, kv: str, calls: int = 20) -> float:
+def call_us(batch: int, context: int, kv: str, short_n: int | None, calls: int = 20) -> float:
     blocks_per_row = -(-context // BLOCK_SIZE)
     blocks = batch * blocks_per_row + 8
     tables = torch.randperm(blocks, device="cuda")[: batch * blocks_per_row]
@@ -42,10 +44,11 @@ def call_us(batch: int, context: int, kv: str, calls: int = 20) -> float:
     q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda").bfloat16()
     lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
     splits = decode_splits(batch, KV_HEADS)
+    tile = {} if short_n is None else {"short_n": short_n}
 
     def run() -> torch.Tensor:
         return decode_attention(
-            q, k_cache, v_cache, tables, lens, BLOCK_SIZE, splits, scales=scales
+            q, k_cache, v_cache, tables, lens, BLOCK_SIZE, splits, scales=scales, **tile
         )
 
     run()  # compile outside the capture
@@ -70,14 +73,20 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 8192, 32768, 131072])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--kv", choices=list(CODES), default="bf16")
+    parser.add_argument("--short-n", type=int, nargs="+", default=[None])
     args = parser.parse_args()
-    print("batch  context  splits  us/call  KV GB/s")
+    print("batch  context  splits  short_n  us/call  KV GB/s")
     for batch in args.batches:
         for context in args.contexts:
-            us = call_us(batch, context, args.kv)
-            kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * CODES[args.kv].itemsize
-            splits = decode_splits(batch, KV_HEADS)
-            print(f"{batch:5d}  {context:7d}  {splits:6d}  {us:7.1f}  {kv_bytes / us / 1e3:7.0f}")
+            for short_n in args.short_n:
+                us = call_us(batch, context, args.kv, short_n)
+                kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * CODES[args.kv].itemsize
+                splits = decode_splits(batch, KV_HEADS)
+                print(
+                    f"{batch:5d}  {context:7d}  {splits:6d}  {short_n or '-':>7}  {us:7.1f}  "
+                    f"{kv_bytes / us / 1e3:7.0f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -209,6 +209,51 @@ def _decode_tile(
     return acc, m_new, l_i
 
 
+@triton.jit
+def _decode_first_tile(
+    q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, b, kvh, ctx, lo, hi,
+    stride_qt, stride_qh, stride_slot, stride_kvh, stride_sslot, stride_bt, qk_scale,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, SCALED: tl.constexpr,
+    INT8_WORDS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The group's queries and its online softmax after the slice's first TILE keys.
+
+    That tile loads before the wait for the kernels before (kamado.pdl), all but the token
+    at ctx - 1, which this step writes: the rest of the cache, the block tables and the
+    lengths were written before the step began."""
+    ROW: tl.constexpr = HEAD_DIM // 4 if INT8_WORDS else HEAD_DIM
+    pos, pmask, slot, kv_off = _decode_tile_at(
+        block_tables, b, stride_bt, lo, hi, kvh, stride_slot, stride_kvh, BLOCK_SIZE, TILE,
+        ROW,
+    )  # fmt: skip
+    old = (pmask & (pos < ctx - 1))[:, None]
+    k_first = tl.load(k_cache + kv_off, mask=old, other=0.0)
+    v_first = tl.load(v_cache + kv_off, mask=old, other=0.0)
+    wait_for_inputs(PDL)
+    new = (pmask & (pos == ctx - 1))[:, None]
+    k_first = tl.where(new, tl.load(k_cache + kv_off, mask=new, other=0.0), k_first)
+    v_first = tl.where(new, tl.load(v_cache + kv_off, mask=new, other=0.0), v_first)
+
+    g = tl.arange(0, GROUP_PAD)
+    heads = kvh * GROUP + g
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=(g < GROUP)[:, None]
+    )
+    if SCALED:
+        q = _fp16_for_codes(q)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    if lo < hi:
+        acc, m_i, l_i = _decode_tile(
+            q, _as_dot_operand(k_first, q, INT8_WORDS), _as_dot_operand(v_first, q, INT8_WORDS),
+            slot, pmask, acc, m_i, l_i, k_scale, v_scale, stride_sslot, kvh, qk_scale, SCALED,
+        )  # fmt: skip
+    return q, acc, m_i, l_i
+
+
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, mid_out, mid_lse,
@@ -216,15 +261,14 @@ def _decode_split_kernel(
     stride_mb, stride_mh, stride_ms,
     qk_scale, window, num_splits,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    SCALED: tl.constexpr, INT8_WORDS: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SHORT_N: tl.constexpr,
+    SPLIT: tl.constexpr, SCALED: tl.constexpr, INT8_WORDS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One (sequence, kv head, split): the group's queries against a slice of the context.
     An int8 cache comes as int32 words of four codes (INT8_WORDS; strides in words).
 
-    The slice's first tile of keys and values loads before the wait for the kernels before
-    (kamado.pdl), all but the token at ctx - 1, which this step writes: the rest of the
-    cache, the block tables and the lengths were written before the step began."""
+    A slice of at most SHORT_N keys (a short context spread over the splits) is one tile of
+    SHORT_N: a BLOCK_N tile would mask most of its keys and still pay for all of them."""
     let_next_start(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -238,50 +282,34 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_SIZE) * BLOCK_SIZE
     lo = start + split * per_split
     hi = tl.minimum(lo + per_split, ctx)
-    ROW: tl.constexpr = HEAD_DIM // 4 if INT8_WORDS else HEAD_DIM
-    pos, pmask, slot, kv_off = _decode_tile_at(
-        block_tables, b, stride_bt, lo, hi, kvh, stride_slot, stride_kvh, BLOCK_SIZE, BLOCK_N,
-        ROW,
-    )  # fmt: skip
-    old = (pmask & (pos < ctx - 1))[:, None]
-    k_first = tl.load(k_cache + kv_off, mask=old, other=0.0)
-    v_first = tl.load(v_cache + kv_off, mask=old, other=0.0)
-    wait_for_inputs(PDL)
-    new = (pmask & (pos == ctx - 1))[:, None]
-    k_first = tl.where(new, tl.load(k_cache + kv_off, mask=new, other=0.0), k_first)
-    v_first = tl.where(new, tl.load(v_cache + kv_off, mask=new, other=0.0), v_first)
-
+    if per_split <= SHORT_N:
+        q, acc, m_i, l_i = _decode_first_tile(
+            q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, b, kvh, ctx, lo, hi,
+            stride_qt, stride_qh, stride_slot, stride_kvh, stride_sslot, stride_bt, qk_scale,
+            GROUP, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, SHORT_N, SCALED, INT8_WORDS, PDL,
+        )  # fmt: skip
+    else:
+        q, acc, m_i, l_i = _decode_first_tile(
+            q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, b, kvh, ctx, lo, hi,
+            stride_qt, stride_qh, stride_slot, stride_kvh, stride_sslot, stride_bt, qk_scale,
+            GROUP, GROUP_PAD, HEAD_DIM, BLOCK_SIZE, BLOCK_N, SCALED, INT8_WORDS, PDL,
+        )  # fmt: skip
+        ROW: tl.constexpr = HEAD_DIM // 4 if INT8_WORDS else HEAD_DIM
+        for n0 in range(lo + BLOCK_N, hi, BLOCK_N):
+            pos, pmask, slot, kv_off = _decode_tile_at(
+                block_tables, b, stride_bt, n0, hi, kvh, stride_slot, stride_kvh, BLOCK_SIZE,
+                BLOCK_N, ROW,
+            )  # fmt: skip
+            k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0)
+            v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0)
+            k, v = _as_dot_operand(k, q, INT8_WORDS), _as_dot_operand(v, q, INT8_WORDS)
+            acc, m_i, l_i = _decode_tile(
+                q, k, v, slot, pmask, acc, m_i, l_i, k_scale, v_scale, stride_sslot, kvh,
+                qk_scale, SCALED,
+            )  # fmt: skip
     g = tl.arange(0, GROUP_PAD)
-    heads = kvh * GROUP + g
-    gmask = g < GROUP
-    d = tl.arange(0, HEAD_DIM)
-    q = tl.load(
-        q_ptr + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None]
-    )
-    if SCALED:
-        q = _fp16_for_codes(q)
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    if lo < hi:
-        acc, m_i, l_i = _decode_tile(
-            q, _as_dot_operand(k_first, q, INT8_WORDS), _as_dot_operand(v_first, q, INT8_WORDS),
-            slot, pmask, acc, m_i, l_i, k_scale, v_scale, stride_sslot, kvh, qk_scale, SCALED,
-        )  # fmt: skip
-    for n0 in range(lo + BLOCK_N, hi, BLOCK_N):
-        pos, pmask, slot, kv_off = _decode_tile_at(
-            block_tables, b, stride_bt, n0, hi, kvh, stride_slot, stride_kvh, BLOCK_SIZE,
-            BLOCK_N, ROW,
-        )  # fmt: skip
-        k = tl.load(k_cache + kv_off, mask=pmask[:, None], other=0.0)
-        v = tl.load(v_cache + kv_off, mask=pmask[:, None], other=0.0)
-        k, v = _as_dot_operand(k, q, INT8_WORDS), _as_dot_operand(v, q, INT8_WORDS)
-        acc, m_i, l_i = _decode_tile(
-            q, k, v, slot, pmask, acc, m_i, l_i, k_scale, v_scale, stride_sslot, kvh, qk_scale,
-            SCALED,
-        )  # fmt: skip
-    out_off = b * stride_mb + heads * stride_mh + split * stride_ms
-    _store_partial(mid_out, mid_lse, out_off, acc, m_i, l_i, gmask, HEAD_DIM, SPLIT)
+    out_off = b * stride_mb + (kvh * GROUP + g) * stride_mh + split * stride_ms
+    _store_partial(mid_out, mid_lse, out_off, acc, m_i, l_i, g < GROUP, HEAD_DIM, SPLIT)
 
 
 @triton.jit
@@ -335,6 +363,7 @@ def decode_attention(
     num_splits: int,  # at most MAX_SPLITS; fixed per captured batch size
     window: int = 0,
     block_n: int = 128,  # measured: bf16 and fp8 as bytes, int8 as words (README)
+    short_n: int = 64,  # the tile of a split's slice of at most this many keys (measured)
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,  # of a quantized cache
 ) -> torch.Tensor:
     """Split-K paged decode: each split attends to a slice, then a reduce merges them."""
@@ -353,7 +382,7 @@ def decode_attention(
         block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         head_dim**-0.5 * LOG2E, window, num_splits,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, SPLIT=num_splits > 1,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, SHORT_N=short_n, SPLIT=num_splits > 1,
         SCALED=scales is not None, INT8_WORDS=int8_words, num_warps=4, num_stages=2,
         **launch_options(q.device),
     )  # fmt: skip
