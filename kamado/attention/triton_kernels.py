@@ -282,6 +282,7 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_SIZE) * BLOCK_SIZE
     lo = start + split * per_split
     hi = tl.minimum(lo + per_split, ctx)
+    # A tile's width is a compile-time shape, so each width is a call of its own.
     if per_split <= SHORT_N:
         q, acc, m_i, l_i = _decode_first_tile(
             q_ptr, k_cache, v_cache, k_scale, v_scale, block_tables, b, kvh, ctx, lo, hi,
