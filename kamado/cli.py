@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kamado.config import DEFAULT_MODEL, KV_CACHE_DTYPES
+from kamado.config import DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
 from kamado.structured.tool_formats import TOOL_FORMATS
 from kamado.surgery.names import parse_surgery
 
@@ -33,6 +33,28 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def _stall_factor(text: str) -> float:
+    """A pacing bound: a multiple of a decode-only step, at least 1 (inf: no pacing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+    if not value >= 1.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be at least 1 (inf: no pacing), not {text}")
+    return value
+
+
+def _add_decode_stall_factor(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--decode-stall-factor",
+        type=_stall_factor,
+        default=EngineConfig.decode_stall_factor,
+        help="a step with prompt work beside running decodes takes at most this many times "
+        "a decode-only step: lower keeps streams smoother and prefills long prompts more "
+        "slowly; inf turns pacing off (default: %(default)s)",
+    )
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -96,6 +118,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="load-time surgery, comma-separated: fuse int8 int4 fp8 gguf "
         "kv-fp8 kv-fp8-static kv-int8",
     )
+    _add_decode_stall_factor(p)
+    p.add_argument(
+        "--short-turn-stall-factor",
+        type=_stall_factor,
+        default=EngineConfig.short_turn_stall_factor,
+        help="the same bound while an agent's follow-up turn (at most 2,048 new prompt "
+        "tokens) is prefilled, whose time to first token the agent waits on "
+        "(default: %(default)s)",
+    )
     p.add_argument(
         "--speculation",
         default="auto",
@@ -126,6 +157,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="offline throughput and fairness benchmarks")
     p.add_argument("--model", action="append", help="model(s) to benchmark (repeatable)")
     p.add_argument("--fairness", action="store_true", help="decode gaps beside a long prefill")
+    _add_decode_stall_factor(p)
     p.add_argument(
         "--structured", action="store_true", help="constrained vs unconstrained decoding"
     )

@@ -18,8 +18,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         model = (args.model or ["qwen2.5-coder-0.5b-instruct"])[0]
         results = run_fairness(
-            model, args.device, args.dtype, args.prompt_len or 16384, not args.no_peer
-        )
+            model, args.device, args.dtype, args.prompt_len or 16384, not args.no_peer,
+            args.decode_stall_factor,
+        )  # fmt: skip
         write_results(args.out, "fairness", results)
         return 0
     if args.spec:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import math
 import resource
 import statistics
 import time
@@ -457,10 +458,18 @@ def _worst_steps(
 
 
 def run_fairness(
-    model: str, device: str, dtype: str, prompt_len: int, compare: bool = True
+    model: str,
+    device: str,
+    dtype: str,
+    prompt_len: int,
+    compare: bool = True,
+    decode_stall_factor: float = EngineConfig.decode_stall_factor,
 ) -> list[dict]:
     results = []
-    configs = [("kamado (paced)", EngineConfig(model=model, device=device, dtype=dtype))]
+    paced = EngineConfig(
+        model=model, device=device, dtype=dtype, decode_stall_factor=decode_stall_factor
+    )
+    configs = [("kamado (paced)", paced)]
     if compare:
         unpaced = EngineConfig(
             model=model, device=device, dtype=dtype, decode_stall_factor=float("inf")
@@ -474,6 +483,9 @@ def run_fairness(
         # Gaps are per token: speculation's several tokens a step would blur what pacing does.
         config.speculation = "off"
         engine = EngineCore(config)
+        if config.decode_stall_factor < math.inf:
+            print(f"{label}: a step with prompt work may take up to "
+                  f"{config.decode_stall_factor:g}x a decode-only step", flush=True)  # fmt: skip
         r = measure(engine, model, label, prompt_len)
         print(
             f"{label:24s} {model}: {prompt_len}-token prompt beside {STREAMS} streams "
@@ -513,6 +525,7 @@ def run_fairness(
                 f"{g['waited_ms']:.1f} ms waited",
                 flush=True,
             )
-        results.append(asdict(r))
+        factor = config.decode_stall_factor
+        results.append({**asdict(r), "decode_stall_factor": factor if factor < math.inf else None})
         del engine
     return results

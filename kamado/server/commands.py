@@ -63,6 +63,8 @@ def engine_config(args: argparse.Namespace, model_path: str) -> EngineConfig:
         kv_disk_dir=args.kv_disk_dir or str(kamado_home() / "kv-cache"),
         kv_disk_bytes=int(args.kv_disk_gb * GIB),
         cpu_threads=args.threads,
+        decode_stall_factor=args.decode_stall_factor,
+        short_turn_stall_factor=args.short_turn_stall_factor,
         surgery=args.surgery,
         speculation=args.speculation,
         spec_max_draft=args.spec_max_draft,

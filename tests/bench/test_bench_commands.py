@@ -16,10 +16,8 @@ TINY = "synthetic:tiny-qwen2"
 
 def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
     out = tmp_path / "fairness.json"
-    assert (
-        main(["bench", "--fairness", "--model", TINY, "--prompt-len", "300", "--out", str(out)])
-        == 0
-    )
+    command = ["bench", "--fairness", "--model", TINY, "--prompt-len", "300"]
+    assert main([*command, "--decode-stall-factor", "1.2", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["benchmark"] == "fairness"
     paced, unpaced = record["results"]
@@ -27,6 +25,7 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
         "kamado (paced)",
         "unpaced chunked prefill",
     )
+    assert (paced["decode_stall_factor"], unpaced["decode_stall_factor"]) == (1.2, None)
     for r in (paced, unpaced):
         assert r["num_gaps"] > 0 and r["worst_ratio"] >= r["p99_ratio"] >= r["median_ratio"] > 0
         assert r["context_after"] > r["context_before"]  # the streams kept decoding throughout

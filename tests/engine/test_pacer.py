@@ -333,3 +333,23 @@ def test_chunks_of_one_size_that_overrun_the_slack_shrink_in_proportion():
     for extra in (0.0069, 0.0071, 0.0070, 0.0072):
         pacer.observe(3, 0, 0.0075 + extra, [(384, 1)])
     assert pacer.staged_chunk_tokens(LONG) <= 96
+
+
+def test_serve_flags_set_the_engines_pacing_bounds(capsys):
+    from kamado.cli import build_parser
+    from kamado.engine.core import EngineCore
+    from kamado.server.commands import engine_config
+
+    serve = build_parser().parse_args(
+        ["serve", "--decode-stall-factor", "1.1", "--short-turn-stall-factor", "3"]
+    )
+    config = engine_config(serve, "synthetic:tiny-qwen2")
+    config.kv_cache_bytes = 8 << 20
+    pacer = EngineCore(config).pacer
+    assert (pacer.factor, pacer.short_factor) == (1.1, 3.0)
+    off = build_parser().parse_args(["serve", "--decode-stall-factor", "inf"])
+    assert not PrefillPacer(off.decode_stall_factor, 2048).paces
+    for bad, words in [("0.9", "at least 1"), ("nan", "at least 1"), ("fast", "a number")]:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--decode-stall-factor", bad])
+        assert words in capsys.readouterr().err
