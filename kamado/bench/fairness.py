@@ -265,6 +265,10 @@ def measure(engine: EngineCore, model: str, label: str, prompt_len: int) -> Fair
     # thousands of them took 60 ms, which lay in the first gap after the prompt.
     end, last_step = streams.count, streams.step_count
     after = streams.alone(ALONE_STEPS)
+    if not after:  # the streams stopped at max_model_len: gaps beside the prompt are missing
+        raise RuntimeError(
+            f"the streams reached {engine.max_model_len} tokens before the prompt was done"
+        )
     beside = streams.gaps(start, end)
     streams.close()
 
@@ -457,6 +461,16 @@ def _worst_steps(
     return worst
 
 
+def _stream_room(prompt_len: int, factor: float) -> int:
+    """Tokens a stream may reach: it grows a token a step while the prompt is prefilled.
+    Paced chunks go a few layers a step but grow to tens of tokens, so at the default bound
+    (1.25) a prompt takes fewer steps than it has tokens, and twice its length is room
+    enough. A tighter bound leaves less slack a step, so more steps: at 1.1 a 4k prompt
+    took over 9,000 (on a slow machine, 2026-12-06)."""
+    slack = max(factor - 1.0, 0.05)  # a bound of 1.0 still moves MIN_CHUNK tokens a step
+    return int(max(2.0, 0.5 / slack) * prompt_len) + 1024
+
+
 def run_fairness(
     model: str,
     device: str,
@@ -476,10 +490,7 @@ def run_fairness(
         )
         configs.append(("unpaced chunked prefill", unpaced))
     for label, config in configs:
-        # The streams grow a token a step while the prompt is prefilled. Paced chunks go
-        # a few layers a step, but grow to tens of tokens and more, so a long prompt takes
-        # fewer steps than it has tokens; twice its length is room enough.
-        config.max_model_len = 2 * prompt_len + 1024
+        config.max_model_len = _stream_room(prompt_len, config.decode_stall_factor)
         # Gaps are per token: speculation's several tokens a step would blur what pacing does.
         config.speculation = "off"
         engine = EngineCore(config)

@@ -78,6 +78,22 @@ def test_fairness_bench_compares_every_gap_with_the_streams_alone(tmp_path):
     assert paced["num_gaps"] > unpaced["num_gaps"]
 
 
+def test_the_streams_have_room_for_a_tight_bound_and_say_so_when_they_run_out(monkeypatch):
+    default = fairness._stream_room(4096, 1.25)
+    assert default == fairness._stream_room(4096, float("inf")) == 2 * 4096 + 1024
+    # At 1.1 a 4k prompt took over 9,000 steps on a slow machine: past the default's room.
+    assert fairness._stream_room(4096, 1.1) > 9_000 + 1024
+    assert default < fairness._stream_room(4096, 1.0) < float("inf")
+    # Streams that stop at max_model_len part way through the prompt: a clear error, not
+    # a worst gap over the steps they were there for.
+    # Room for the prompt and one token; the streams' own prompts leave them two tokens
+    # of it once they have decoded alone, and a paced prompt of 300 takes more steps.
+    monkeypatch.setattr(fairness, "_stream_room", lambda prompt_len, factor: prompt_len + 1)
+    monkeypatch.setattr(fairness, "STREAM_PROMPT", 301 - fairness.ALONE_STEPS - 3)
+    with pytest.raises(RuntimeError, match="the streams reached 301 tokens before the prompt"):
+        fairness.run_fairness(TINY, "cpu", "auto", 300, compare=False)
+
+
 def test_the_normal_gap_is_checked_by_steps_without_prompt_work_per_fifth():
     def gap(step: int, prompt_tokens: int) -> Gap:
         return Gap(0.1, 100 + step, 0.1, 0.0, 0.0, prompt_tokens, 0, 0.0, 2, step, 0, 0, 0.0, 0.0)
