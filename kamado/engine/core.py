@@ -107,8 +107,12 @@ class StepWork:
     def of(cls, batch: list[ScheduledSeq]) -> StepWork:
         whole = [item for item in batch if item.layers is None]
         staged = [item for item in batch if item.layers is not None]
+        # A decode feeds an output token; a prompt's last token alone (its chunk of one, at
+        # the end of a prompt) also samples, and is prompt work.
         num_decodes = sum(
-            1 for item in whole if item.samples and item.num_new - len(item.draft) == 1
+            1
+            for item in whole
+            if item.samples and item.num_new - len(item.draft) == 1 and item.seq.num_output_tokens
         )
         num_drafted = sum(len(item.draft) for item in whole)
         return cls(

@@ -353,3 +353,20 @@ def test_serve_flags_set_the_engines_pacing_bounds(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--decode-stall-factor", bad])
         assert words in capsys.readouterr().err
+
+
+def test_a_prompts_last_token_alone_is_prompt_work_not_a_decode():
+    from kamado.engine.core import StepWork
+    from kamado.engine.sampling_params import SamplingParams
+    from kamado.engine.scheduler import ScheduledSeq
+    from kamado.engine.sequence import Sequence
+
+    def seq(prompt: int, outputs: int) -> Sequence:
+        s = Sequence("r", 0, list(range(prompt)), SamplingParams(), 0)
+        s.token_ids += [1] * outputs
+        s.num_computed = s.num_tokens - 1
+        return s
+
+    # A 300-token prompt whose last token goes alone, beside two decodes.
+    work = StepWork.of([ScheduledSeq(seq(300, 0), 1)] + [ScheduledSeq(seq(64, 5), 1)] * 2)
+    assert (work.num_decodes, work.prefill_tokens) == (2, 1)
