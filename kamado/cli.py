@@ -46,12 +46,13 @@ def _stall_factor(text: str) -> float:
     return value
 
 
-def _add_decode_stall_factor(p: argparse.ArgumentParser) -> None:
+def _add_decode_stall_factor(p: argparse.ArgumentParser, applies_to: str = "") -> None:
     p.add_argument(
         "--decode-stall-factor",
         type=_stall_factor,
         default=EngineConfig.decode_stall_factor,
-        help="a step with prompt work beside running decodes takes at most this many times "
+        help=applies_to
+        + "a step with prompt work beside running decodes takes at most this many times "
         "a decode-only step: lower keeps streams smoother and prefills long prompts more "
         "slowly; inf turns pacing off (default: %(default)s)",
     )
@@ -157,7 +158,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="offline throughput and fairness benchmarks")
     p.add_argument("--model", action="append", help="model(s) to benchmark (repeatable)")
     p.add_argument("--fairness", action="store_true", help="decode gaps beside a long prefill")
-    _add_decode_stall_factor(p)
+    _add_decode_stall_factor(p, applies_to="--fairness: ")
     p.add_argument(
         "--structured", action="store_true", help="constrained vs unconstrained decoding"
     )

@@ -494,9 +494,10 @@ def run_fairness(
         # Gaps are per token: speculation's several tokens a step would blur what pacing does.
         config.speculation = "off"
         engine = EngineCore(config)
-        if config.decode_stall_factor < math.inf:
-            print(f"{label}: a step with prompt work may take up to "
-                  f"{config.decode_stall_factor:g}x a decode-only step", flush=True)  # fmt: skip
+        bound = config.decode_stall_factor if math.isfinite(config.decode_stall_factor) else None
+        if bound is not None:
+            print(f"{label}: a step with prompt work may take up to {bound:g}x a decode-only "
+                  "step", flush=True)  # fmt: skip
         r = measure(engine, model, label, prompt_len)
         print(
             f"{label:24s} {model}: {prompt_len}-token prompt beside {STREAMS} streams "
@@ -536,7 +537,6 @@ def run_fairness(
                 f"{g['waited_ms']:.1f} ms waited",
                 flush=True,
             )
-        factor = config.decode_stall_factor
-        results.append({**asdict(r), "decode_stall_factor": factor if factor < math.inf else None})
+        results.append({**asdict(r), "decode_stall_factor": bound})
         del engine
     return results

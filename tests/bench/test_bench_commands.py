@@ -85,9 +85,9 @@ def test_the_streams_have_room_for_a_tight_bound_and_say_so_when_they_run_out(mo
     assert fairness._stream_room(4096, 1.1) > 9_000 + 1024
     assert default < fairness._stream_room(4096, 1.0) < float("inf")
     # Streams that stop at max_model_len part way through the prompt: a clear error, not
-    # a worst gap over the steps they were there for.
-    # Room for the prompt and one token; the streams' own prompts leave them two tokens
-    # of it once they have decoded alone, and a paced prompt of 300 takes more steps.
+    # a worst gap over the steps they were there for. Here the room is the prompt and one
+    # token, the streams' own prompts leave them two tokens of it once they have decoded
+    # alone, and a paced prompt of 300 takes more steps than that.
     monkeypatch.setattr(fairness, "_stream_room", lambda prompt_len, factor: prompt_len + 1)
     monkeypatch.setattr(fairness, "STREAM_PROMPT", 301 - fairness.ALONE_STEPS - 3)
     with pytest.raises(RuntimeError, match="the streams reached 301 tokens before the prompt"):
