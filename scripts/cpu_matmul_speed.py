@@ -1,5 +1,7 @@
-"""One decode matmul (1 x 896 by 4864 x 896, Qwen2.5-0.5B's gate projection) on CPU: bf16
-and float32 F.linear beside the compressed layers' CPU paths, median of 50 calls.
+"""Decode- and prefill-sized matmuls over Qwen2.5-0.5B's fused gate/up weight (9728 x 896)
+on CPU: bf16 F.linear beside each compressed layer as the engine runs it, and per-row int8's
+two paths apart (torch's int8 kernel; the weight widened to bf16 tiles), median of 20
+calls, in ms, at each count of input rows.
 
     python scripts/cpu_matmul_speed.py [THREADS]
 """
@@ -13,11 +15,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kamado.surgery import formats
+from kamado.surgery import cpu_matmul, formats
 from kamado.surgery.qlinear import Int4Linear, Int8Linear
 
+ROWS = (1, 8, 64, 256)
 
-def median_ms(fn, n: int = 50) -> float:
+
+def median_ms(fn, n: int = 20) -> float:
     fn()
     times = []
     for _ in range(n):
@@ -31,18 +35,24 @@ def main() -> None:
     if len(sys.argv) > 1:
         torch.set_num_threads(int(sys.argv[1]))
     torch.manual_seed(0)
-    w = torch.randn(4864, 896) * 0.02
+    w = torch.randn(9728, 896) * 0.02
+    q, scales = formats.quantize_int8(w)
+    kernel_scales = scales[:, 0].to(cpu_matmul.KERNEL_DTYPE)
+    bf16 = w.to(torch.bfloat16)
     layers = {
-        "int8 per row (torch kernel, bf16)": Int8Linear(*formats.quantize_int8(w), None),
-        "int8 group 32 (float32 tiles)": Int8Linear(*formats.quantize_int8(w, 32), None),
-        "int4 group 128 (torch kernel, bf16)": Int4Linear(*formats.quantize_int4(w, 128), None),
+        "bf16 F.linear": lambda x: F.linear(x, bf16),
+        "int8 per row (engine)": Int8Linear(q, scales, None),
+        "  int8 kernel": lambda x: torch.ops.aten._weight_int8pack_mm(x, q, kernel_scales),
+        "  int8 widened": lambda x: cpu_matmul.int8_widened(x, q, kernel_scales),
+        "int8 group 32 (engine)": Int8Linear(*formats.quantize_int8(w, 32), None),
+        "int4 group 128 (engine)": Int4Linear(*formats.quantize_int4(w, 128), None),
     }
-    print(f"threads {torch.get_num_threads()}")
-    for dtype in (torch.bfloat16, torch.float32):
-        x, wd = torch.randn(1, 896, dtype=dtype), w.to(dtype)
-        print(f"{str(dtype):16s} F.linear {median_ms(lambda x=x, wd=wd: F.linear(x, wd)):7.2f} ms")
-        for name, layer in layers.items():
-            print(f"{str(dtype):16s} {name} {median_ms(lambda m=layer, x=x: m(x)):7.2f} ms")
+    print(f"threads {torch.get_num_threads()}; ms a call, 9728x896 weight, bf16 inputs")
+    print(f"{'rows':26s}" + "".join(f"{r:>9d}" for r in ROWS))
+    inputs = [torch.randn(r, 896, dtype=torch.bfloat16) for r in ROWS]
+    for name, layer in layers.items():
+        times = [median_ms(lambda m=layer, x=x: m(x)) for x in inputs]
+        print(f"{name:26s}" + "".join(f"{t:9.2f}" for t in times), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@ Per variant: weight memory; greedy continuations of a fixed prompt set (prompts 
 whole continuation matches the unmodified model's, and the share of tokens before the
 first difference); top-1 agreement of next-token predictions along the unmodified model's
 continuations (teacher-forced, so one early difference does not hide the rest);
-perplexity on a fixed text; batch-1 decode tokens/s, measured in interleaved rounds.
+perplexity on a fixed text; batch-1 prefill and decode tokens/s of a SPEED_PROMPT-token
+prompt, measured in interleaved rounds with speculation off (drafts accepted depend on what
+each variant happens to generate: with them on, the column would measure luck, not the
+weights). Prefill and decode may move apart: a format's matmul may be fast for one input
+row and slow for hundreds.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from kamado.surgery.check_texts import PERPLEXITY_TEXT, PROMPTS
 from kamado.surgery.pipeline import module_bytes
 
 SPEED_ROUNDS = 3
+SPEED_PROMPT = 256  # prompt tokens of the speed rounds
 
 
 @dataclass
@@ -39,6 +44,7 @@ class VariantResult:
     greedy_prefix: float  # mean share of tokens before the first difference
     top1: float
     perplexity: float
+    prefill_tok_s: float = 0.0
     decode_tok_s: float = 0.0
 
 
@@ -75,17 +81,20 @@ def run_check(
                 perplexity=_perplexity(teacher_forced_logits(engine, text), text),
             )
         )
-    speeds: list[list[float]] = [[] for _ in engines]
+    speeds: list[list[tuple[float, float]]] = [[] for _ in engines]
     for _ in range(SPEED_ROUNDS if speed_tokens else 0):  # interleaved: load hits all alike
         for i, engine in enumerate(engines):
-            r = kamado_throughput(engine, model, 1, 32, speed_tokens)
-            speeds[i].append(r.decode_tok_s)
+            r = kamado_throughput(engine, model, 1, SPEED_PROMPT, speed_tokens)
+            speeds[i].append((r.prefill_tok_s, r.decode_tok_s))
     for result, s in zip(results, speeds, strict=True):
-        result.decode_tok_s = statistics.median(s) if s else 0.0
+        if s:
+            result.prefill_tok_s = statistics.median(p for p, _ in s)
+            result.decode_tok_s = statistics.median(d for _, d in s)
     print(format_table(results, len(prompts)))
     return dict(
         model=model, device=device, dtype=str(engines[0].dtype), new_tokens=new_tokens,
         prompts=len(prompts), text_tokens=len(text), speed_rounds=SPEED_ROUNDS,
+        speed_prompt_tokens=SPEED_PROMPT,
         variants=[asdict(r) for r in results],
     )  # fmt: skip
 
@@ -93,7 +102,7 @@ def run_check(
 def _engine(model: str, device: str, dtype: str, surgery: tuple[str, ...]) -> EngineCore:
     config = EngineConfig(
         model=model, device=device, dtype=dtype, surgery=surgery, kv_cache_bytes=64 << 20,
-        enable_prefix_caching=False,
+        enable_prefix_caching=False, speculation="off",
     )  # fmt: skip
     return EngineCore(config)
 
@@ -147,8 +156,8 @@ def format_table(results: list[VariantResult], num_prompts: int) -> str:
     lines = [
         f"{'surgery':16s} {'weights MiB':>11s} {'saved':>6s} {'KV B/token':>10s} "
         f"{'greedy same':>11s} "
-        f"{'prefix':>6s} {'top-1':>6s} {'ppl':>7s} {'ppl +%':>6s} {'decode tok/s':>12s} "
-        f"{'speed':>6s}"
+        f"{'prefix':>6s} {'top-1':>6s} {'ppl':>7s} {'ppl +%':>6s} {'prefill tok/s':>13s} "
+        f"{'speed':>6s} {'decode tok/s':>12s} {'speed':>6s}"
     ]
     for r in results:
         lines.append(
@@ -156,6 +165,7 @@ def format_table(results: list[VariantResult], num_prompts: int) -> str:
             f"{1 - r.weight_bytes / base.weight_bytes:6.0%} {r.kv_bytes_per_token:10,d} "
             f"{f'{r.greedy_same}/{num_prompts}':>11s} {r.greedy_prefix:6.0%} {r.top1:6.1%} "
             f"{r.perplexity:7.3f} {r.perplexity / base.perplexity - 1:+6.1%} "
+            f"{r.prefill_tok_s:13.1f} {r.prefill_tok_s / (base.prefill_tok_s or 1):5.2f}x "
             f"{r.decode_tok_s:12.1f} {r.decode_tok_s / (base.decode_tok_s or 1):5.2f}x"
         )
     for r in results:

@@ -46,31 +46,40 @@ class QuantizedLinear(nn.Module):
 
 
 class Int8Linear(QuantizedLinear):
-    """w = q * scale; one scale per row (torch's int8 kernel on CPU) or per group."""
+    """w = q * scale; one scale per row (torch's int8 kernel on CPU) or per group (on CPU,
+    two int4 layers: cpu_matmul.pack_int8_groups)."""
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__(q.shape[1], q.shape[0], bias)
+        self.group = q.shape[1] // scales.shape[1]
+        self.grouped_cpu = scales.shape[1] > 1 and not q.is_cuda
+        if self.grouped_cpu:
+            (low, low_scale_zeros), (high, high_scale_zeros) = cpu_matmul.pack_int8_groups(
+                q, scales
+            )
+            self.register_buffer("low", low)
+            self.register_buffer("low_scale_zeros", low_scale_zeros)
+            self.register_buffer("high", high)
+            self.register_buffer("high_scale_zeros", high_scale_zeros)
+            return
         self.register_buffer("q", q)
-        self.rowwise_cpu = scales.shape[1] == 1 and not q.is_cuda
-        if self.rowwise_cpu:  # torch's CPU kernel takes [out] scales in its dtype
+        if not q.is_cuda:  # torch's CPU kernel takes [out] scales in its dtype
             scales = scales[:, 0].to(cpu_matmul.KERNEL_DTYPE)
         self.register_buffer("scales", scales)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
             return self.cuda_matmul(x)
-        if self.rowwise_cpu:
-            return self._add_bias(cpu_matmul.int8_rowwise(x, self.q, self.scales))
-        return self._add_bias(cpu_matmul.tiled(x, self.out_features, self._rows))
+        if self.grouped_cpu:
+            packs = (self.low, self.low_scale_zeros), (self.high, self.high_scale_zeros)
+            y = cpu_matmul.int8_grouped(x, packs, self.group)
+            return self._add_bias(y[:, : self.out_features])
+        return self._add_bias(cpu_matmul.int8_rowwise(x, self.q, self.scales))
 
     def cuda_matmul(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
         from kamado.surgery.triton_matmul import int8_matmul
 
         return int8_matmul(x, self.q, self.scales, self.bias, gated)
-
-    def _rows(self, a: int, b: int) -> torch.Tensor:
-        q = self.q[a:b].view(b - a, self.scales.shape[1], -1).float()
-        return (q * self.scales[a:b, :, None].float()).view(b - a, -1)
 
 
 class Int4Linear(QuantizedLinear):

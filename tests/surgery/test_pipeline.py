@@ -163,8 +163,8 @@ def gguf_model(tmp_path, request):
 @pytest.mark.parametrize(
     "gguf_model,kind,tolerance",
     [
-        (("llama", GGMLQuantizationType.Q8_0), Int8Linear, 1e-5),
-        (("qwen2", GGMLQuantizationType.Q5_0), Int8Linear, 1e-5),
+        (("llama", GGMLQuantizationType.Q8_0), Int8Linear, 1e-2),
+        (("qwen2", GGMLQuantizationType.Q5_0), Int8Linear, 1e-2),
         (("llama", GGMLQuantizationType.Q4_1), Int4Linear, 1e-2),
         (("qwen2", GGMLQuantizationType.Q4_0), Int4Linear, 1e-2),
     ],
@@ -185,7 +185,7 @@ def test_gguf_tensors_are_served_as_stored_and_compute_as_dequantized(
     layer = kept.runner.model.model.layers[1]
     assert type(layer.self_attn.q_proj) is kind and type(layer.mlp.down_proj) is kind
     assert "kept as stored" in kept.surgery[0].line()
-    # 4-bit layers compute in bf16 on CPU (cpu_matmul.py); int8 ones in float32
+    # Both compute in bf16 on CPU (cpu_matmul.py), grouped int8 as two 4-bit layers
     assert relative_error(teacher_forced_logits(kept, IDS), reference) < tolerance
 
 
