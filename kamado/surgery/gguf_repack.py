@@ -87,3 +87,5 @@ def q4_k(raw: np.ndarray) -> Repacked:
 
 
 REPACKERS = {T.Q8_0: q8_0, T.Q5_0: q5_0, T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q4_K: q4_k}
+# The layout each type repacks to (all in groups of 32): tensors of one layout concatenate.
+LAYOUTS = {T.Q8_0: "int8", T.Q5_0: "int8", T.Q4_0: "int4", T.Q4_1: "int4", T.Q4_K: "int4"}

@@ -29,6 +29,7 @@ def write_gguf(
     *,
     arch: str | None = None,
     quantized: GGMLQuantizationType | None = None,
+    quantized_as: dict[str, GGMLQuantizationType] | None = None,  # by part of a tensor name
     tokens: list[str] | None = None,
     token_types: list[int] | None = None,
     eos: int | None = None,
@@ -63,8 +64,9 @@ def write_gguf(
         if arch == "llama" and (".attn_q." in stored or ".attn_k." in stored):
             heads = config.num_heads if ".attn_q." in stored else config.num_kv_heads
             array = llama_cpp_permute(array, heads)
-        if quantized is not None and array.ndim == 2:
-            w.add_tensor(stored, quantize(array, quantized), raw_dtype=quantized)
+        qtype = next((t for part, t in (quantized_as or {}).items() if part in stored), quantized)
+        if qtype is not None and array.ndim == 2:
+            w.add_tensor(stored, quantize(array, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(stored, np.ascontiguousarray(array))
     for name, array in (extra_tensors or {}).items():

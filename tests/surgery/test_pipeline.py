@@ -153,10 +153,11 @@ def test_layers_are_transformed_while_later_layers_are_still_unread(monkeypatch)
 
 @pytest.fixture
 def gguf_model(tmp_path, request):
-    arch, qtype = request.param
+    arch, qtype, *rest = request.param
     config = tiny_config(arch)
     path = tmp_path / f"tiny-{arch}.gguf"
-    write_gguf(path, config, synthetic_weights(config, torch.float32, seed=5), quantized=qtype)
+    weights = synthetic_weights(config, torch.float32, seed=5)
+    write_gguf(path, config, weights, quantized=qtype, quantized_as=rest[0] if rest else None)
     return path
 
 
@@ -183,10 +184,29 @@ def test_gguf_tensors_are_served_as_stored_and_compute_as_dequantized(
     widened = [n for n in dequantized if n.endswith(("attn_q.weight", "ffn_down.weight"))]
     assert not widened  # projections never went through float
     layer = kept.runner.model.model.layers[1]
-    assert type(layer.self_attn.q_proj) is kind and type(layer.mlp.down_proj) is kind
+    # q/k/v and gate/up of one layout are one layer each, the only copy of their rows
+    assert type(layer.self_attn.qkv_proj) is kind and type(layer.mlp.gate_up_proj) is kind
+    assert layer.self_attn.q_proj is None and layer.mlp.up_proj is None
+    assert type(layer.mlp.down_proj) is kind
     assert "kept as stored" in kept.surgery[0].line()
     # Both compute in bf16 on CPU (cpu_matmul.py), grouped int8 as two 4-bit layers
     assert relative_error(teacher_forced_logits(kept, IDS), reference) < tolerance
+
+
+@pytest.mark.parametrize(
+    "gguf_model", [("qwen2", GGMLQuantizationType.Q5_0, {"attn_v": GGMLQuantizationType.Q4_1})],
+    indirect=True,
+)  # fmt: skip
+def test_gguf_parts_of_different_layouts_stay_apart(gguf_model):
+    reference = teacher_forced_logits(engine(str(gguf_model)), IDS)
+    kept = engine(str(gguf_model), ("gguf",))
+    layer = kept.runner.model.model.layers[0]
+    assert layer.self_attn.qkv_proj is None  # v's 4-bit rows cannot join q's and k's int8
+    assert type(layer.self_attn.q_proj) is Int8Linear
+    assert type(layer.self_attn.v_proj) is Int4Linear
+    assert type(layer.mlp.gate_up_proj) is Int8Linear
+    assert "kept as stored: 2 Q4_1, 12 Q5_0" in kept.surgery[0].line()
+    assert relative_error(teacher_forced_logits(kept, IDS), reference) < 1e-2
 
 
 def test_gguf_step_refuses_a_model_that_is_not_gguf():
