@@ -3,7 +3,9 @@
 Without it the loader dequantizes every tensor to the serving dtype. With it, projections
 stored as Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q4_K are never read by the loader: this step repacks
 their blocks into int8 / int4 layers (gguf_repack.py), exactly, with no float copy of the
-weight ever made. Tensors of other types (F16, F32, Q6_K, ...) load as before.
+weight ever made. Tensors of other types (F16, F32, Q6_K, ...) load as before. The token
+table stored in such a type is kept too (qembedding), and a head tied to it computes from
+its values.
 
 q/k/v, and gate/up, that all repack to one layout become one layer here, their rows
 concatenated: one matmul instead of several, as the fuse step does for float weights. It
@@ -31,8 +33,12 @@ from kamado.surgery.pipeline import (
     linear_slots,
     module_bytes,
     replace_linear,
+    tensor_bytes,
 )
+from kamado.surgery.qembedding import GroupedEmbedding
 from kamado.surgery.qlinear import Int4Linear, Int8Linear
+
+EMBEDDING = "model.embed_tokens.weight"
 
 
 class GGUFStep:
@@ -47,7 +53,7 @@ class GGUFStep:
         self.file = GGUFFile(target.source.path)
         self.kept: dict[str, str] = {}  # HF weight name -> GGUF tensor name
         for name in expected_weights(target.config):
-            if name.endswith("proj.weight") or name == "lm_head.weight":
+            if name.endswith("proj.weight") or name in (EMBEDDING, "lm_head.weight"):
                 stored = gguf_name(name)
                 if self.file.tensors[stored].ggml_type in REPACKERS:
                     self.kept[name] = stored
@@ -66,6 +72,8 @@ class GGUFStep:
             if stored is not None:
                 module = self._module([stored], getattr(parent, attr).bias)
                 report.bytes_saved += replace_linear(parent, attr, module)
+        if prefix == "" and EMBEDDING in self.kept:
+            report.bytes_saved += self._keep_embedding(unit)
         if prefix == "":  # the head comes last: the count is complete
             kinds = ", ".join(f"{n} {t}" for t, n in sorted(self.types.items()))
             report.details.append(f"kept as stored: {kinds}" if kinds else "nothing to keep")
@@ -88,17 +96,32 @@ class GGUFStep:
             setattr(parent, part, None)
         return saved
 
+    def _keep_embedding(self, model: nn.Module) -> int:
+        """The token table as stored; a head tied to it computes from the same values, in
+        its own layer (its kernel's form). Returns the bytes that frees."""
+        r = self._repacked(self.kept[EMBEDDING])
+        table = model.model.embed_tokens.weight
+        model.model.embed_tokens = GroupedEmbedding(
+            *(None if a is None else self._tensor(a) for a in vars(r).values()),
+            dtype=self.target.dtype,
+        )
+        kept = [model.model.embed_tokens]
+        if model.config.tie_word_embeddings:
+            model.lm_head = self._layer(r, None)
+            kept.append(model.lm_head)
+        return tensor_bytes([table]) - sum(module_bytes(m) for m in kept)
+
     def _module(self, stored: list[str], bias: torch.Tensor | None) -> nn.Module:
         """The layer of the stored tensors' rows, one after another."""
-        r = _concatenated([self._repacked(name) for name in stored])
-        device = self.target.device
+        return self._layer(_concatenated([self._repacked(name) for name in stored]), bias)
 
-        def tensor(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
+    def _layer(self, r: Repacked, bias: torch.Tensor | None) -> nn.Module:
         if r.mins is None:
-            return Int8Linear(tensor(r.q), tensor(r.scales), bias)
-        return Int4Linear(tensor(r.q), tensor(r.scales), tensor(r.mins), bias)
+            return Int8Linear(self._tensor(r.q), self._tensor(r.scales), bias)
+        return Int4Linear(self._tensor(r.q), self._tensor(r.scales), self._tensor(r.mins), bias)
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.target.device)
 
     def _repacked(self, stored: str) -> Repacked:
         info = self.file.tensors[stored]

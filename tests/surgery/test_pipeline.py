@@ -22,6 +22,7 @@ from kamado.surgery.check import teacher_forced_logits
 from kamado.surgery.kv import with_kv_surgery
 from kamado.surgery.names import parse_surgery
 from kamado.surgery.pipeline import LoadTarget, linear_slots, module_bytes
+from kamado.surgery.qembedding import GroupedEmbedding
 from kamado.surgery.qlinear import Int4Linear, Int8Linear, QuantizedLinear
 from kamado.surgery.registry import make_steps, weight_step_names
 from tests.models.gguf_files import write_gguf
@@ -188,6 +189,10 @@ def test_gguf_tensors_are_served_as_stored_and_compute_as_dequantized(
     assert type(layer.self_attn.qkv_proj) is kind and type(layer.mlp.gate_up_proj) is kind
     assert layer.self_attn.q_proj is None and layer.mlp.up_proj is None
     assert type(layer.mlp.down_proj) is kind
+    model = kept.runner.model
+    assert type(model.model.embed_tokens) is GroupedEmbedding  # the table as stored too
+    if model.config.tie_word_embeddings:  # and the head computes from its values
+        assert type(model.lm_head) is kind
     assert "kept as stored" in kept.surgery[0].line()
     # Both compute in bf16 on CPU (cpu_matmul.py), grouped int8 as two 4-bit layers
     assert relative_error(teacher_forced_logits(kept, IDS), reference) < tolerance
@@ -205,7 +210,7 @@ def test_gguf_parts_of_different_layouts_stay_apart(gguf_model):
     assert type(layer.self_attn.q_proj) is Int8Linear
     assert type(layer.self_attn.v_proj) is Int4Linear
     assert type(layer.mlp.gate_up_proj) is Int8Linear
-    assert "kept as stored: 2 Q4_1, 12 Q5_0" in kept.surgery[0].line()
+    assert "kept as stored: 2 Q4_1, 13 Q5_0" in kept.surgery[0].line()
     assert relative_error(teacher_forced_logits(kept, IDS), reference) < 1e-2
 
 
