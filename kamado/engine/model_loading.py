@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -95,9 +96,11 @@ def kv_fingerprint(
     config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, fmt: KVFormat
 ) -> bytes:
     """Names whose K/V a cached block holds: model weights, dtype, KV cache dtype (and its
-    static scales) and block layout. Blocks saved under another fingerprint are never
-    loaded."""
+    static scales), block layout, and the code and device that computed it. Blocks saved
+    under another fingerprint are never loaded."""
     h = hashlib.blake2b(digest_size=16)
+    h.update(_code_identity())
+    h.update(_device_name(config.device).encode())
     # Surgery changes the K/V a model computes: blocks of one variant never serve another.
     steps = weight_step_names(config)
     layout = (model_config, str(dtype), fmt.name, config.block_size, config.seed, steps)
@@ -113,6 +116,28 @@ def kv_fingerprint(
             if path.is_file():
                 h.update(_file_identity(path))
     return h.digest()
+
+
+@functools.cache
+def _code_identity() -> bytes:
+    # Another build (kamado's sources, torch's kernels) may compute K/V that differ by
+    # rounding, so an upgrade starts the disk tier afresh rather than mix the two.
+    return sources_digest(Path(__file__).parents[1], torch.__version__)
+
+
+def sources_digest(root: Path, salt: str) -> bytes:
+    """A digest of every Python file under root, by path and content."""
+    h = hashlib.blake2b(salt.encode(), digest_size=16)
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
+    return h.digest()
+
+
+def _device_name(device: str) -> str:
+    # CPU and each GPU model run other kernels, with other rounding.
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return torch.device(device).type
 
 
 def _file_identity(path: Path) -> bytes:

@@ -22,7 +22,8 @@ import torch
 from kamado.attention.backend import SeqChunk
 from kamado.attention.torch_backend import TorchAttention
 from kamado.config import ModelConfig
-from kamado.engine.model_loading import kv_fingerprint
+from kamado.engine import model_loading
+from kamado.engine.model_loading import kv_fingerprint, sources_digest
 from kamado.engine.sampling_params import SamplingParams
 from kamado.kv.cache import KVCache, bytes_per_block
 from kamado.kv.calibration import (
@@ -280,6 +281,29 @@ def test_blocks_under_other_static_scales_have_another_fingerprint(tiny_models):
     ours = kv_fingerprint(engine.config, engine.model_config, engine.dtype, fmt)
     other = dataclasses.replace(fmt, scales=fmt.scales * 2)
     assert kv_fingerprint(engine.config, engine.model_config, engine.dtype, other) != ours
+
+
+def test_blocks_from_another_build_have_another_fingerprint(tiny_models, monkeypatch):
+    path, _ = tiny_models["qwen2"]
+    engine = make_engine(path)
+    args = (engine.config, engine.model_config, engine.dtype, engine.kv_format)
+    ours = kv_fingerprint(*args)
+    assert kv_fingerprint(*args) == ours
+    monkeypatch.setattr(model_loading, "_code_identity", lambda: b"another build")
+    assert kv_fingerprint(*args) != ours
+
+
+def test_sources_digest_follows_every_file_and_the_salt(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    first = sources_digest(tmp_path, "torch 1")
+    assert sources_digest(tmp_path, "torch 1") == first
+    assert sources_digest(tmp_path, "torch 2") != first
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+    edited = sources_digest(tmp_path, "torch 1")
+    assert edited != first
+    (tmp_path / "pkg" / "a.py").rename(tmp_path / "pkg" / "b.py")
+    assert sources_digest(tmp_path, "torch 1") != edited
 
 
 class RefusesSystemTurns:
