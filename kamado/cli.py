@@ -191,7 +191,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "--batch",
         type=int,
         default=None,
-        help="sequences at once (--kv-cache: default 4; throughput: default 1, then 8)",
+        help="sequences at once (--kv-cache, and --gpu --surgery's second batch: default 4; "
+        "throughput: default 1, then 8)",
     )
     p.add_argument(
         "--surgery",

@@ -4,25 +4,30 @@ Llama-3-70B projection shapes, beside a bf16 nn.Linear: the kernels alone, witho
 Each cell times calls captured in one CUDA graph (as the engine replays decode steps, so
 no launch cost), over enough copies of the weight that none is still in L2 when read again.
 
-    python scripts/gemv_bandwidth.py [ROWS]
+    python scripts/gemv_bandwidth.py [ROWS] [--model qwen3-8b] [--tiled-max-rows N]
+
+--tiled-max-rows sets triton_matmul.TILED_MAX_ROWS, up to which inputs wider than one tile
+run as slices through the tile kernels instead of widening the weight: run it twice, at
+16 (no slices) and at the default, for the A/B of the two at ROWS past 16.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections.abc import Callable
 
 import torch
 
 from kamado.bench.gpu import copy_bandwidth
 from kamado.surgery import formats
+from kamado.surgery import triton_matmul as tm
 from kamado.surgery.pipeline import module_bytes
 from kamado.surgery.qlinear import Fp8Linear, Int4Linear, Int8Linear
 
-SHAPES = [
-    (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096),  # Qwen3-8B
-    (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672),  # Llama-3-70B
-]  # fmt: skip
+SHAPES = {
+    "qwen3-8b": [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)],
+    "llama3-70b": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
+}
 ROTATED_BYTES = 400 * 2**20  # several times the H200's 50 MB of L2
 
 
@@ -95,11 +100,21 @@ def format_makers(w: torch.Tensor) -> list[Callable[[], torch.nn.Module]]:
 
 
 def main() -> None:
-    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("rows", type=int, nargs="?", default=1, help="input rows")
+    parser.add_argument("--model", choices=sorted(SHAPES), help="one model's shapes (default both)")
+    parser.add_argument("--tiled-max-rows", type=int, default=tm.TILED_MAX_ROWS)
+    args = parser.parse_args()
+    rows = args.rows
+    tm.TILED_MAX_ROWS = args.tiled_max_rows
     bandwidth = copy_bandwidth()
-    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; input rows {rows}; TB/s of weight bytes")
+    print(
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; input rows {rows}; TILED_MAX_ROWS "
+        f"{tm.TILED_MAX_ROWS}; TB/s of weight bytes"
+    )
     print(f"{'shape':>14s} {'bf16':>6s} {'int8':>6s} {'fp8':>6s} {'int4':>6s} {'torch4':>6s}")
-    for n, k in SHAPES:
+    models = [args.model] if args.model else list(SHAPES)
+    for n, k in [shape for model in models for shape in SHAPES[model]]:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         cells = [bytes_per_second(make, x) for make in format_makers(w)]

@@ -84,12 +84,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_results(args.out, "kv-cache", results)
         return 0
     if args.gpu and args.surgery:
-        from kamado.bench.gpu_surgery import run_surgery_bench
+        from kamado.bench.gpu_surgery import AGENTS, run_surgery_bench
 
         model = (args.model or ["synthetic:qwen3-8b"])[0]
         results = run_surgery_bench(
-            model, args.surgery, prompt_len=args.prompt_len or 512, gen_len=args.gen_len or 128
-        )
+            model, args.surgery, prompt_len=args.prompt_len or 512, gen_len=args.gen_len or 128,
+            agents=args.batch or AGENTS,
+        )  # fmt: skip
         write_results(args.out, "gpu-surgery", results)
         return 0
     if args.gpu:

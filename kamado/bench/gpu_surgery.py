@@ -25,7 +25,7 @@ from kamado.models.layout import parameter_count
 from kamado.surgery.pipeline import module_bytes
 
 FIT_FRACTION = 0.9  # of the card, for bf16 weights plus KV and activations
-AGENTS = 4  # the second batch size measured
+AGENTS = 4  # the second batch size measured, unless the caller names another
 
 
 def run_surgery_bench(
@@ -34,6 +34,7 @@ def run_surgery_bench(
     prompt_len: int = 512,
     gen_len: int = 128,
     rounds: int = 3,
+    agents: int = AGENTS,
 ) -> dict:
     bandwidth = copy_bandwidth()
     total = torch.cuda.get_device_properties(0).total_memory
@@ -47,18 +48,20 @@ def run_surgery_bench(
             rows.append(dict(surgery=name, fits=False, weight_bytes=bf16_bytes))
             print(f"{name:8s}: {bf16_bytes / 2**30:.1f} GiB of weights: does not fit", flush=True)
             continue
-        rows.append(_run_variant(model, surgery, config, bandwidth, prompt_len, gen_len, rounds))
-        print(_fmt(rows[-1]), flush=True)
+        rows.append(
+            _run_variant(model, surgery, config, bandwidth, prompt_len, gen_len, rounds, agents)
+        )
+        print(_fmt(rows[-1], agents), flush=True)
     base = rows[0] if rows[0].get("fits", True) else None
     if base is not None:
         for row in rows[1:]:
             row["speedup_vs_bf16"] = row["decode_tok_s"] / base["decode_tok_s"]
             row["graph_speedup_vs_bf16"] = row["graph_replay_tok_s"] / base["graph_replay_tok_s"]
             row["agents_speedup_vs_bf16"] = row["agents_decode_tok_s"] / base["agents_decode_tok_s"]
-    _summary(rows)
+    _summary(rows, agents)
     return dict(
         model=model, copy_bandwidth_tb_s=bandwidth / 1e12, card_bytes=total,
-        prompt_len=prompt_len, gen_len=gen_len, rounds=rounds, variants=rows,
+        prompt_len=prompt_len, gen_len=gen_len, rounds=rounds, agents=agents, variants=rows,
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )  # fmt: skip
 
@@ -71,15 +74,16 @@ def _run_variant(
     prompt_len: int,
     gen_len: int,
     rounds: int,
+    agents: int,
 ) -> dict:
-    blocks = AGENTS * ((prompt_len + gen_len) // 16 + 2)
+    blocks = agents * ((prompt_len + gen_len) // 16 + 2)
     kv_bytes = int(bytes_per_block(config, 16, torch.bfloat16) * blocks)
     torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     engine = EngineCore(
         EngineConfig(
             model=model, device="cuda", dtype="bfloat16", kv_cache_bytes=kv_bytes,
-            max_num_seqs=AGENTS, surgery=surgery, enable_prefix_caching=False,
+            max_num_seqs=agents, surgery=surgery, enable_prefix_caching=False,
             speculation="off",  # one token a step, as the roofline counts
         )
     )  # fmt: skip
@@ -90,16 +94,16 @@ def _run_variant(
     decode = sorted(r.decode_tok_s for r in rates)[rounds // 2]
     context = prompt_len + gen_len // 2
     roofline = bandwidth / decode_bytes(net, config, 1, context)
-    agents = [kamado_throughput(engine, model, AGENTS, prompt_len, gen_len) for _ in range(rounds)]
-    agents_roofline = AGENTS * bandwidth / decode_bytes(net, config, AGENTS, context)
+    batched = [kamado_throughput(engine, model, agents, prompt_len, gen_len) for _ in range(rounds)]
+    agents_roofline = agents * bandwidth / decode_bytes(net, config, agents, context)
     row = dict(
         surgery=",".join(surgery) or "bf16", fits=True, weight_bytes=module_bytes(net),
         peak_allocated_bytes=torch.cuda.max_memory_allocated(), load_s=load_s,
         steps=[r.line() for r in engine.surgery], decode_tok_s=decode,
         decode_runs=[r.decode_tok_s for r in rates], roofline_tok_s=roofline,
         fraction_of_roofline=decode / roofline,
-        agents_decode_tok_s=sorted(r.decode_tok_s for r in agents)[rounds // 2],
-        agents_decode_runs=[r.decode_tok_s for r in agents], agents_roofline_tok_s=agents_roofline,
+        agents_decode_tok_s=sorted(r.decode_tok_s for r in batched)[rounds // 2],
+        agents_decode_runs=[r.decode_tok_s for r in batched], agents_roofline_tok_s=agents_roofline,
     )  # fmt: skip
     graphs = engine.runner.graphs
     if graphs is not None and 1 in graphs.graphs:
@@ -112,19 +116,19 @@ def _run_variant(
     return row
 
 
-def _fmt(row: dict) -> str:
+def _fmt(row: dict, agents: int) -> str:
     return (
         f"{row['surgery']:8s}: {row['weight_bytes'] / 2**30:6.2f} GiB weights, decode "
         f"{row['decode_tok_s']:7.1f} tok/s (roofline {row['roofline_tok_s']:7.1f}: "
         f"{row['fraction_of_roofline']:.0%}); GPU alone {row.get('graph_replay_tok_s', 0):7.1f}"
-        f"; batch {AGENTS} {row['agents_decode_tok_s']:7.1f} tok/s"
+        f"; batch {agents} {row['agents_decode_tok_s']:7.1f} tok/s"
     )
 
 
-def _summary(rows: list[dict]) -> None:
+def _summary(rows: list[dict], agents: int) -> None:
     print(
         "\nweights   GiB   decode tok/s   roofline   of roofline   GPU alone   vs bf16"
-        f"   batch {AGENTS} tok/s   roofline   vs bf16"
+        f"   batch {agents} tok/s   roofline   vs bf16"
     )
     for r in rows:
         if not r.get("fits", True):

@@ -14,8 +14,11 @@ Decode reads every weight once per token, so its matmuls are bound by the bytes 
   through tensor cores on tiles: each program widens its tile in registers (int4 through
   bit tricks, not the int-to-float instruction, which Hopper issues at an eighth of the
   FMA rate) and reads it once for all input rows.
-- Wider inputs (prefill, large batches) are compute-bound: the weight is widened to the
-  activation dtype once and cuBLAS does the product.
+- From DOT_MAX_ROWS up to TILED_MAX_ROWS rows (many agents decoding, or speculation's
+  verify steps) the tile kernels run the rows in slices of DOT_MAX_ROWS: each slice reads
+  the compressed weight again, still fewer bytes than widening it.
+- Wider inputs (prefill) are compute-bound: the weight is widened to the activation dtype
+  once and cuBLAS does the product.
 The int4 kernels are in int4_gemv and int4_tensor_cores; this module has the others, the
 tile configurations the autotuner chooses among, and the choice of kernel per call.
 Measured per shape on an H200: `python scripts/gemv_bandwidth.py [ROWS]`, and per tile
@@ -55,6 +58,11 @@ INT4_GEMV_MAX_ROWS = 4
 # (scripts/gemv_sweep.py 1 int4 against 1 int4-mma).
 INT4_MMA_MAX_ROWS = 8
 DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
+# Inputs up to this many rows run as slices of DOT_MAX_ROWS. Each slice reads the weight's
+# compressed bytes (an int4 value's half byte, int8's or fp8's byte); widening it instead
+# reads those, writes and reads bf16 temporaries and then cuBLAS reads the bf16 weight,
+# about 9 bytes a value for int8 and more for int4. At 64 rows four int8 slices read 4.
+TILED_MAX_ROWS = 64
 # False: dense_matmul is F.linear throughout (scripts/decode_profile.py --dense-gemv
 # compares the two); read at each call, so it holds for graphs captured after it is set.
 dense_gemv = True
@@ -510,10 +518,21 @@ def int8_matmul(
     return _silu_mul_if(gated, _int8_product(x, q, scales, bias))
 
 
+def _in_row_slices(
+    product: Callable[..., torch.Tensor], x: torch.Tensor, *weight: torch.Tensor | None
+) -> torch.Tensor:
+    """product(x, *weight) computed on slices of x's rows of DOT_MAX_ROWS each, so that each
+    runs in a kernel that reads the compressed weight; the last slice may be shorter."""
+    slices = [product(x[i : i + DOT_MAX_ROWS], *weight) for i in range(0, x.shape[0], DOT_MAX_ROWS)]
+    return torch.cat(slices)
+
+
 def _int8_product(
     x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     rows = x.shape[0]
+    if DOT_MAX_ROWS < rows <= TILED_MAX_ROWS:
+        return _in_row_slices(_int8_product, x, q, scales, bias)
     if _takes_gemv(rows, scales):
         return _gemv(x, q, scales, bias)
     n, k = q.shape
@@ -588,6 +607,8 @@ def _int4_product(
     k = words.shape[1] * 8
     rows = x.shape[0]
     group = k // groups
+    if DOT_MAX_ROWS < rows <= TILED_MAX_ROWS:
+        return _in_row_slices(_int4_product, x, words, scale_mins, bias)
     if 2 <= rows <= INT4_MMA_MAX_ROWS and x.dtype == torch.bfloat16 and group == 128:
         x = _rows_aligned(x, 16)  # its rows load 16 bytes at a time
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
@@ -632,6 +653,8 @@ def _fp8_product(
 ) -> torch.Tensor:
     n, k = q.shape
     rows = x.shape[0]
+    if DOT_MAX_ROWS < rows <= TILED_MAX_ROWS:
+        return _in_row_slices(_fp8_product, x, q, scales, bias)
     if _takes_gemv(rows, scales):
         return _gemv(x, q, scales, bias)
     if rows <= DOT_MAX_ROWS:
