@@ -93,16 +93,3 @@ def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
     nibbles = pairs.reshape(out, inp // 8, 8)[..., order].to(torch.int32)
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
     return (nibbles << shifts).sum(-1, dtype=torch.int32)  # disjoint bits: the sum is an OR
-
-
-def unpack_int4(words: torch.Tensor, group: int) -> torch.Tensor:
-    """pack_int4's inverse: uint8 values [out, in]. Element e of a word sits at nibble
-    e // 2 (even e) or 4 + e // 2 (odd e), by WORD_ORDER. The shifts are computed on the
-    words' device, not copied from the host: CUDA graph capture allows no host copies, and
-    this runs inside the engine's captured steps (triton_matmul, batches over 16 rows)."""
-    out, num_words = words.shape
-    element = torch.arange(8, dtype=torch.int32, device=words.device)
-    shifts = 4 * (element // 2 + 4 * (element % 2))
-    elements = ((words[..., None] >> shifts) & 15).to(torch.uint8)
-    pairs = elements.view(out, -1, group // 8, PAIRS_PER_WORD, 2)
-    return pairs.transpose(2, 3).reshape(out, num_words * 8)

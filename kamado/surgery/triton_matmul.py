@@ -18,7 +18,7 @@ Decode reads every weight once per token, so its matmuls are bound by the bytes 
   verify steps) the tile kernels run the rows in slices of DOT_MAX_ROWS: each slice reads
   the compressed weight again, still fewer bytes than widening it.
 - Wider inputs (prefill) are compute-bound: the weight is widened to the activation dtype
-  once and cuBLAS does the product.
+  once (widen.py) and cuBLAS does the product.
 The int4 kernels are in int4_gemv and int4_tensor_cores; this module has the others, the
 tile configurations the autotuner chooses among, and the choice of kernel per call.
 Measured per shape on an H200: `python scripts/gemv_bandwidth.py [ROWS]`, and per tile
@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 
 from kamado.pdl import launch_options, let_next_start, wait_for_inputs
-from kamado.surgery.formats import unpack_int4
 from kamado.surgery.int4_gemv import int4_gemv_kernel, int4_gemv_rows_kernel
 from kamado.surgery.int4_tensor_cores import int4_dot_kernel, int4_mma_kernel
 from kamado.surgery.kernel_epilogues import (
@@ -47,6 +46,7 @@ from kamado.surgery.kernel_epilogues import (
     sum_splits,
     tile_sum,
 )
+from kamado.surgery.widen import widen_int4, widen_scaled
 
 GEMV_MAX_ROWS = 2
 # int4's GEMV for two to four input rows reads and widens each word once for all of them,
@@ -545,8 +545,7 @@ def _int8_product(
             HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
         )  # fmt: skip
         return out
-    w = (q.view(n, scales.shape[1], -1).to(x.dtype) * scales.to(x.dtype)[..., None]).view(n, k)
-    return F.linear(x, w, bias)
+    return F.linear(x, widen_scaled(q, scales, x.dtype), bias)
 
 
 def _rows_aligned(x: torch.Tensor, alignment: int) -> torch.Tensor:
@@ -630,10 +629,7 @@ def _int4_product(
             **launch_options(x.device),
         )  # fmt: skip
         return out
-    q = unpack_int4(words, group).view(n, groups, -1).to(x.dtype)
-    sm = scale_mins.to(x.dtype)
-    w = q * sm[..., :1] + sm[..., 1:]
-    return F.linear(x, w.view(n, k), bias)
+    return F.linear(x, widen_int4(words, scale_mins, x.dtype), bias)
 
 
 def fp8_matmul(
@@ -666,4 +662,4 @@ def _fp8_product(
             BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
         )  # fmt: skip
         return out
-    return F.linear(x, q.to(x.dtype) * scales.to(x.dtype), bias)
+    return F.linear(x, widen_scaled(q, scales, x.dtype), bias)

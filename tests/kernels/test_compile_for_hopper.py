@@ -215,6 +215,20 @@ def int4_matmuls() -> None:
             matmul.int4_matmul(cpu_randn(rows, K, dtype=dtype), words, scale_mins, None)
 
 
+def widened_matmuls() -> None:
+    """Inputs past the sliced rows: each format's weight widened for cuBLAS (int8 with a
+    scale a row and a group; int4 in groups of 128, 32 and 96, a group no power of two)."""
+    x = cpu_randn(65, K)
+    int8 = torch.zeros(N, K, dtype=torch.int8)
+    for groups in (1, K // 128):
+        matmul.int8_matmul(x, int8, torch.ones(N, groups), None)
+    matmul.fp8_matmul(x, torch.zeros(N, K, dtype=torch.float8_e4m3fn), torch.ones(N, 1), None)
+    for group in (128, 32, 96):
+        k = 3 * 1024 if group == 96 else K
+        words = pack_int4(torch.zeros(N, k, dtype=torch.uint8), group)
+        matmul.int4_matmul(cpu_randn(65, k), words, cpu_randn(N, k // group, 2), None)
+
+
 LAUNCHERS: dict[str, Callable[[], None]] = {
     **{f"decode-attention-{c}": lambda c=c: decode_attention(c) for c in CACHE_CODES},
     **{f"extend-attention-{c}": lambda c=c: extend_attention(c) for c in CACHE_CODES},
@@ -225,6 +239,7 @@ LAUNCHERS: dict[str, Callable[[], None]] = {
     "fp8-matmuls": fp8_matmuls,
     "gated-gemvs": gated_gemvs,
     "int4-matmuls": int4_matmuls,
+    "widened-matmuls": widened_matmuls,
 }
 
 

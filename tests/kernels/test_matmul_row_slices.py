@@ -2,7 +2,8 @@
 Triton launcher is replaced by a recorder, so the test sees the rows of each launch and
 which input rows each one was given. Inputs of more than DOT_MAX_ROWS, up to TILED_MAX_ROWS,
 must run as slices through the kernels that read the compressed weight, with their outputs
-stacked back in order; wider inputs widen the weight (computed here for real on the CPU)."""
+stacked back in order; wider inputs widen the weight (computed here for real on the CPU,
+widen.py's kernels in Triton's interpreter)."""
 
 from __future__ import annotations
 
@@ -87,9 +88,9 @@ def test_one_row_past_a_tile_is_a_slice_of_its_own(monkeypatch, fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_rows_past_the_sliced_range_widen_the_weight_once(monkeypatch, fmt):
+def test_rows_past_the_sliced_range_widen_the_weight_once(monkeypatch, interpreted_widen, fmt):
     rows = tm.TILED_MAX_ROWS + 1
     x, out, launches, reference = recorded(monkeypatch, fmt, rows)
-    assert launches.seen == []  # cuBLAS's place, here torch's CPU matmul
+    assert launches.seen == []  # widen.py's kernel, then cuBLAS's place: torch's CPU matmul
     expected = x.float() @ reference.T
     assert float((out.float() - expected).norm() / expected.norm()) < 1e-2  # bf16 rounding

@@ -47,14 +47,6 @@ def test_fp8_keeps_three_mantissa_bits(w):
     assert (error[big] <= w.abs()[big] * 2**-4 + 1e-9).all()
 
 
-@pytest.mark.parametrize("group", [32, 128])
-def test_int4_packing_is_lossless(group):
-    q = torch.randint(0, 16, (5, 256), dtype=torch.uint8)
-    packed = formats.pack_int4(q, group)
-    assert packed.shape == (5, 32) and packed.dtype == torch.int32
-    assert torch.equal(formats.unpack_int4(packed, group), q)
-
-
 def test_int4_words_hold_four_input_pairs_of_their_group_evens_low():
     """Word j of a group of 32 (four words) holds inputs 2j, 2j + 1, 8 + 2j, 9 + 2j, ...,
     24 + 2j, 25 + 2j as its elements 0..7; element 2p + b is nibble 4b + p."""
