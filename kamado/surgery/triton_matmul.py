@@ -58,10 +58,11 @@ INT4_GEMV_MAX_ROWS = 4
 # (scripts/gemv_sweep.py 1 int4 against 1 int4-mma).
 INT4_MMA_MAX_ROWS = 8
 DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
-# Inputs up to this many rows run as slices of DOT_MAX_ROWS. Each slice reads the weight's
-# compressed bytes (an int4 value's half byte, int8's or fp8's byte); widening it instead
-# reads those, writes and reads bf16 temporaries and then cuBLAS reads the bf16 weight,
-# about 9 bytes a value for int8 and more for int4. At 64 rows four int8 slices read 4.
+# Inputs up to this many rows run as slices of DOT_MAX_ROWS, each slice reading the
+# compressed weight: at 64 rows 4 bytes a value for int8 and fp8, 2 for int4. Widening
+# (widen.py) reads it once, writes 2 bytes a value and cuBLAS reads them back: 5 bytes for
+# int8 and fp8, 4.5 for int4. `scripts/gemv_bandwidth.py ROWS --tiled-max-rows 16` times
+# the widened path at ROWS, beside the default.
 TILED_MAX_ROWS = 64
 # False: dense_matmul is F.linear throughout (scripts/decode_profile.py --dense-gemv
 # compares the two); read at each call, so it holds for graphs captured after it is set.
