@@ -43,7 +43,7 @@ class DecodeGraphs:
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
         max_blocks = -(-max_model_len // cache.block_size)
         self.buffers = backend.decode_buffers(max_batch, max_blocks)
-        rope.reserve(max_model_len)
+        rope.hold(max_model_len)
         self.rope = rope
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.hidden: dict[int, torch.Tensor] = {}

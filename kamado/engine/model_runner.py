@@ -73,9 +73,11 @@ class ModelRunner:
         max_chunk = min(engine_config.max_num_batched_tokens, num_blocks * self.block_size)
         if self.device.type == "cuda":
             self._compile_attention_kernels(model_config, dtype)
+            # Before the graphs: chunks longer than max_model_len (a token budget above
+            # it) grow the rotary tables, which the graphs then hold in place.
+            self._warm_chunk_shapes(chunk_sizes(max_chunk))
             if engine_config.cuda_graphs:
                 self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)
-            self._warm_chunk_shapes(chunk_sizes(max_chunk))
             self._warm_head(chunk_sizes(engine_config.max_num_seqs), dtype)
             torch.cuda.synchronize(self.device)
         elif rounds_rows(self.device, dtype):

@@ -40,13 +40,27 @@ class RotaryEmbedding:
     def __init__(self, config: ModelConfig, device: torch.device) -> None:
         self.inv_freq = inverse_frequencies(config).to(device)
         self.cos = self.sin = torch.empty(0, device=device)
+        self.held = False  # see hold()
         self._grow(min(config.max_position_embeddings, 8192))
 
     def reserve(self, length: int) -> None:
         """Make tables for positions below `length` (the caller knows them on the host, so
         the step itself needs no device-to-host read and can be captured in a graph)."""
-        if length > self.cos.shape[0]:
-            self._grow(max(length, 2 * self.cos.shape[0]))
+        if length <= self.cos.shape[0]:
+            return
+        if self.held:
+            raise RuntimeError(
+                f"rotary tables hold {self.cos.shape[0]} positions and CUDA graphs read "
+                f"them where they are: position {length - 1} would move them"
+            )
+        self._grow(max(length, 2 * self.cos.shape[0]))
+
+    def hold(self, length: int) -> None:
+        """Reserve `length` positions and never move the tables again: a CUDA graph
+        captured from here on reads them at their addresses, so new tables would leave
+        it reading freed memory (whatever was allocated there next)."""
+        self.reserve(length)
+        self.held = True
 
     def _grow(self, length: int) -> None:
         t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)

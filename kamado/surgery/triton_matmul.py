@@ -16,7 +16,7 @@ Decode reads every weight once per token, so its matmuls are bound by the bytes 
   FMA rate) and reads it once for all input rows.
 - From DOT_MAX_ROWS up to TILED_MAX_ROWS rows (many agents decoding, or speculation's
   verify steps) the tile kernels run the rows in slices of DOT_MAX_ROWS: each slice reads
-  the compressed weight again, still fewer bytes than widening it.
+  the compressed weight again, and two slices still beat widening it.
 - Wider inputs (prefill) are compute-bound: the weight is widened to the activation dtype
   once (widen.py) and cuBLAS does the product.
 The int4 kernels are in int4_gemv and int4_tensor_cores; this module has the others, the
@@ -59,11 +59,13 @@ INT4_GEMV_MAX_ROWS = 4
 INT4_MMA_MAX_ROWS = 8
 DOT_MAX_ROWS = 16  # input rows of the tensor-core kernels (one MMA tile)
 # Inputs up to this many rows run as slices of DOT_MAX_ROWS, each slice reading the
-# compressed weight: at 64 rows 4 bytes a value for int8 and fp8, 2 for int4. Widening
-# (widen.py) reads it once, writes 2 bytes a value and cuBLAS reads them back: 5 bytes for
-# int8 and fp8, 4.5 for int4. `scripts/gemv_bandwidth.py ROWS --tiled-max-rows 16` times
-# the widened path at ROWS, beside the default.
-TILED_MAX_ROWS = 64
+# compressed weight; wider ones are widened (widen.py: the weight read once, written at 2
+# bytes a value and read back by cuBLAS). On an H100 at Qwen3-8B's shapes, two slices (32
+# rows) beat widening in every format and shape, by 1.2x to 2.7x; four (64 rows) lost on 3
+# of the 5 shapes for int8 and fp8 and on 4 for int4 (`scripts/gemv_bandwidth.py ROWS
+# --model qwen3-8b --tiled-max-rows 16` against 64, at 32 and 64 rows:
+# bench/results/2026-12-07-h100-row-slices-and-widening.txt).
+TILED_MAX_ROWS = 32
 # False: dense_matmul is F.linear throughout (scripts/decode_profile.py --dense-gemv
 # compares the two); read at each call, so it holds for graphs captured after it is set.
 dense_gemv = True

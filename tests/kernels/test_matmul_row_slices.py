@@ -76,9 +76,16 @@ def recorded(
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rows_past_one_tile_run_as_slices_stacked_in_order(monkeypatch, fmt):
-    x, out, launches, _ = recorded(monkeypatch, fmt, 40)
-    assert launches.seen == [(0, 16), (16, 16), (32, 8)]
-    assert torch.equal(out, x.float().sum(1, keepdim=True).expand(40, N).to(out.dtype))
+    x, out, launches, _ = recorded(monkeypatch, fmt, 24)
+    assert launches.seen == [(0, 16), (16, 8)]
+    assert torch.equal(out, x.float().sum(1, keepdim=True).expand(24, N).to(out.dtype))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_sliced_range_ends_at_its_limit(monkeypatch, fmt):
+    rows = tm.TILED_MAX_ROWS
+    _, _, launches, _ = recorded(monkeypatch, fmt, rows)
+    assert launches.seen == [(i, 16) for i in range(0, rows, 16)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
