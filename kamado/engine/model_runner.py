@@ -73,8 +73,8 @@ class ModelRunner:
         max_chunk = min(engine_config.max_num_batched_tokens, num_blocks * self.block_size)
         if self.device.type == "cuda":
             self._compile_attention_kernels(model_config, dtype)
-            # Before the graphs: chunks longer than max_model_len (a token budget above
-            # it) grow the rotary tables, which the graphs then hold in place.
+            # Before the graphs: chunks longer than the rotary tables (a token budget above
+            # the model's positions) grow them, and the graphs then hold them in place.
             self._warm_chunk_shapes(chunk_sizes(max_chunk))
             if engine_config.cuda_graphs:
                 self.graphs = self._capture_decode_graphs(engine_config, model_config, num_blocks)

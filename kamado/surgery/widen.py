@@ -4,7 +4,7 @@ kernels that read compressed bytes (prefill): cuBLAS then multiplies the widened
 One kernel pass reads the compressed bytes and writes each value once, computed in float32
 and rounded once. The torch expressions this replaces made several full-size temporaries
 (int4: the unpacked nibbles as int32, then bytes, the dtype's values, the scaled and the
-shifted ones), about 25 bytes of traffic per weight value against 2.5 here, and a peak
+shifted ones), about 30 bytes of traffic per weight value against 2.5 here, and a peak
 of several times the widened weight's memory.
 """
 
