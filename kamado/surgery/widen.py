@@ -48,14 +48,14 @@ def _widen_int4_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     group = tl.program_id(1)
     rows64 = rows.to(tl.int64)[:, None]
+    row_ok = (rows < N)[:, None]
     js = tl.arange(0, WORDS)[None, :]
     words = tl.load(
-        w_ptr + rows64 * stride_wn + group * (GROUP // 8) + js,
-        mask=(rows < N)[:, None] & (js < GROUP // 8),
+        w_ptr + rows64 * stride_wn + group * (GROUP // 8) + js, mask=row_ok & (js < GROUP // 8)
     )
-    inside = (rows < N)[:, None] & (tl.arange(0, 2 * WORDS) < GROUP // 4)[None, :]
-    scale = tl.load(sm_ptr + rows64 * stride_sn + 2 * group, mask=rows64 < N).to(tl.float32)
-    low = tl.load(sm_ptr + rows64 * stride_sn + 2 * group + 1, mask=rows64 < N).to(tl.float32)
+    inside = row_ok & (tl.arange(0, 2 * WORDS) < GROUP // 4)[None, :]
+    scale = tl.load(sm_ptr + rows64 * stride_sn + 2 * group, mask=row_ok).to(tl.float32)
+    low = tl.load(sm_ptr + rows64 * stride_sn + 2 * group + 1, mask=row_ok).to(tl.float32)
     out_row = out_ptr + rows64 * stride_on + group * GROUP + tl.arange(0, 2 * WORDS)[None, :]
     for p in tl.static_range(4):
         even = ((words >> (4 * p)) & 15).to(tl.float32) * scale + low
