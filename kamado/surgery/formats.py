@@ -93,3 +93,9 @@ def pack_int4(q: torch.Tensor, group: int) -> torch.Tensor:
     nibbles = pairs.reshape(out, inp // 8, 8)[..., order].to(torch.int32)
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
     return (nibbles << shifts).sum(-1, dtype=torch.int32)  # disjoint bits: the sum is an OR
+
+
+def pack_int4_scale_mins(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """Each group's scale and min [out, groups] -> bf16 [out, groups, 2], side by side, the
+    layout the CUDA kernels read beside pack_int4's words."""
+    return torch.stack([scales, mins], dim=-1).to(torch.bfloat16)

@@ -96,8 +96,7 @@ class Int4Linear(QuantizedLinear):
         self.group = q.shape[1] // scales.shape[1]
         if q.is_cuda:  # triton_matmul.int4_matmul's layout
             self.register_buffer("packed", formats.pack_int4(q, self.group))
-            scale_mins = torch.stack([scales, mins], dim=-1).to(torch.bfloat16)
-            self.register_buffer("scale_mins", scale_mins)
+            self.register_buffer("scale_mins", formats.pack_int4_scale_mins(scales, mins))
         else:
             packed, scale_zeros = cpu_matmul.pack_int4(q, scales, mins)
             self.register_buffer("packed", packed)

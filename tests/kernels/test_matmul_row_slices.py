@@ -58,7 +58,7 @@ def matmul_of(fmt: str) -> tuple[Callable[..., torch.Tensor], tuple, torch.Tenso
         q, scales = formats.quantize_fp8(w)
         return tm.fp8_matmul, (q, scales.view(-1, 1)), formats.dequantize_fp8(q, scales)
     q, scales, mins = formats.quantize_int4(w, GROUP)
-    scale_mins = torch.stack([scales, mins], dim=-1).to(torch.bfloat16)
+    scale_mins = formats.pack_int4_scale_mins(scales, mins)
     on_card = formats.dequantize_int4(q, scale_mins[..., 0], scale_mins[..., 1])
     return tm.int4_matmul, (formats.pack_int4(q, GROUP), scale_mins), on_card
 

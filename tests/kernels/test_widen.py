@@ -15,14 +15,10 @@ from kamado.surgery import formats, widen  # noqa: E402
 ROWS = 37  # two programs of BLOCK_ROWS and part of a third
 
 
-def int4_scale_mins(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    return torch.stack([scales, mins], dim=-1).to(torch.bfloat16)
-
-
 @pytest.mark.parametrize("group", [32, 96, 128])  # 96: twelve words, a block of sixteen
 def test_int4_widens_to_its_dequantized_values(interpreted_widen, group):
     q, scales, mins = formats.quantize_int4(torch.randn(ROWS, 3 * group), group)
-    scale_mins = int4_scale_mins(scales, mins)
+    scale_mins = formats.pack_int4_scale_mins(scales, mins)
     widened = widen.widen_int4(formats.pack_int4(q, group), scale_mins, torch.float32)
     expected = formats.dequantize_int4(q, scale_mins[..., 0], scale_mins[..., 1])
     assert torch.equal(widened, expected)
@@ -33,7 +29,7 @@ def test_int4_packing_then_widening_gives_back_every_value(interpreted_widen, gr
     q = torch.randint(0, 16, (5, 256), dtype=torch.uint8)
     packed = formats.pack_int4(q, group)
     assert packed.shape == (5, 32) and packed.dtype == torch.int32
-    unit = int4_scale_mins(torch.ones(5, 256 // group), torch.zeros(5, 256 // group))
+    unit = formats.pack_int4_scale_mins(torch.ones(5, 256 // group), torch.zeros(5, 256 // group))
     assert torch.equal(widen.widen_int4(packed, unit, torch.float32), q.float())
 
 
