@@ -8,6 +8,7 @@ probability p_i. A seeded request draws its noise from a generator keyed by
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import inf
 
 import torch
 
@@ -106,5 +107,7 @@ def _logprob_entry(logprobs: torch.Tensor, token: int, k: int) -> TokenLogprob:
     top: list[tuple[int, float]] = []
     if k > 0:
         values, ids = torch.topk(logprobs, k)
-        top = list(zip(ids.tolist(), values.tolist(), strict=True))
+        # Tokens a grammar forbids have no probability (-inf, which JSON cannot carry): the
+        # list stops before them, shorter than asked, as OpenAI's may be.
+        top = [(i, v) for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -inf]
     return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=top)

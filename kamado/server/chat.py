@@ -6,7 +6,7 @@ tool_choice:
   calls parsed, and bare-JSON replies unless --no-bare-json-tool-calls.
 - "required" / a named function: decoding is constrained to the template's call format
   (output_constraints.py), so the reply is always calls of the allowed tools whose arguments
-  fit their schemas; parallel_tool_calls: false allows one call only.
+  fit their schemas; a named function, or parallel_tool_calls: false, allows one call only.
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ def _tool_constraint(
         declared=list(declared_tools(req.tools)),
         fmt=state.tool_format,
         tags_are_tokens=state.template.tool_tags_are_tokens,
-        parallel=req.parallel_tool_calls is not False,
+        # A named function is called exactly once, as OpenAI's API does.
+        parallel=req.parallel_tool_calls is not False
+        and not isinstance(req.tool_choice, NamedToolChoice),
         forced=plan.forced,
         strict=any(t.function.strict for t in req.tools or [] if t.function.name in plan.tools),
     )

@@ -92,6 +92,10 @@ def tool_call_constraint(
         open_, close = (OPEN, CLOSE) if tags_are_tokens else (_lit(OPEN), _lit(CLOSE))
         rules.append(f'call: {open_} "\\n" fn "\\n" {close}')
         calls = 'call ("\\n" call)*' if parallel else "call"
+        # Models end the last call's line before their end-of-turn token. Were that newline
+        # allowed only between calls, it would commit the model to another call: Qwen2.5-Coder
+        # 0.5B, made to call, repeated its call until max_tokens.
+        calls += ' "\\n"?'
     start = f"start: {calls}"
     if or_json is not None:
         rules.append(f"reply: {_json(or_json)}")

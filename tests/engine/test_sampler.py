@@ -84,3 +84,17 @@ def test_logprobs_are_of_the_raw_distribution_with_top_alternatives():
     assert entry.token_id == tokens[0] == int(torch.argmax(logits))
     assert abs(entry.logprob - float(reference[tokens[0]])) < 1e-6
     assert [t for t, _ in entry.top] == torch.topk(reference, 3).indices.tolist()
+
+
+def test_top_logprobs_leave_out_tokens_a_grammar_forbids():
+    logits = logits_row()
+    allowed = [4, 17]
+    masked = torch.full_like(logits, float("-inf"))
+    masked[allowed] = logits[allowed]  # as Guides' mask leaves a row
+    params = SamplingParams(temperature=0.7, seed=3, logprobs=5)
+    tokens, logprobs = Sampler()(masked[None], [SampleRow(params, [1], 1, 0)])
+    entry = logprobs[0]
+    assert tokens[0] in allowed
+    assert sorted(t for t, _ in entry.top) == allowed
+    assert all(v > float("-inf") for _, v in entry.top)
+    assert abs(sum(torch.tensor([v for _, v in entry.top]).exp()) - 1) < 1e-5

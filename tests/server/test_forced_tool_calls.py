@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterator
 
 import jsonschema
@@ -99,19 +100,29 @@ async def test_required_calls_always_parse_and_validate(server):
         assert len(valid_calls(choice.message)) == 1
 
 
-async def test_parallel_required_calls_all_validate(server):
-    # This small model, allowed several calls, tends to call every tool in turn until
-    # max_tokens; each complete call still validates, and a cut reply says "length".
+async def test_required_calls_end_the_turn_when_several_are_allowed(server):
+    # The newline after the last call once led this model into call after call until
+    # max_tokens.
     for choice in await ask_all(server, "required"):
+        assert choice.finish_reason == "tool_calls", choice.message
+        assert choice.message.content is None
         assert valid_calls(choice.message)
-        if choice.finish_reason != "length":
-            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+
+
+async def test_logprobs_of_a_forced_reply_list_only_tokens_it_may_take(server):
+    (choice,) = await ask_all(server, "required", PROMPTS[:1], logprobs=True, top_logprobs=5)
+    assert choice.finish_reason == "tool_calls" and valid_calls(choice.message)
+    tokens = choice.logprobs.content
+    # The opening tag is the only token the grammar allows first.
+    assert tokens[0].token == "<tool_call>" and len(tokens[0].top_logprobs) == 1
+    assert max(len(t.top_logprobs) for t in tokens) == 5  # the path is the model's own
+    assert all(math.isfinite(t.logprob) for t in tokens)
 
 
 async def test_named_calls_always_call_that_tool(server):
     for name in SCHEMAS:
         named = {"type": "function", "function": {"name": name}}
-        for choice in await ask_all(server, named, PROMPTS[:3], parallel_tool_calls=False):
+        for choice in await ask_all(server, named, PROMPTS[:3]):  # named: one call
             assert choice.finish_reason == "tool_calls", choice.message
             calls = valid_calls(choice.message, names=(name,))
             assert len(calls) == 1
@@ -134,7 +145,7 @@ async def test_auto_with_strict_tools_or_a_json_format_gives_valid_calls(server)
 
 
 async def test_streamed_calls_reassemble_to_the_non_streamed_ones(server):
-    whole = await ask_all(server, "required", PROMPTS[:3], parallel_tool_calls=False)
+    whole = await ask_all(server, "required", PROMPTS[:3])
     client = server.async_client()
     for prompt, expected in zip(PROMPTS[:3], whole, strict=True):
         stream = await client.chat.completions.create(
@@ -142,7 +153,6 @@ async def test_streamed_calls_reassemble_to_the_non_streamed_ones(server):
             messages=[{"role": "user", "content": prompt}],
             tools=TOOLS,
             tool_choice="required",
-            parallel_tool_calls=False,
             temperature=0,
             max_tokens=80,
             stream=True,

@@ -102,17 +102,21 @@ async def test_streamed_tool_call_matches_non_streamed(qwen_server):
 
 def test_named_tool_choice_calls_that_tool(qwen_server):
     named = {"type": "function", "function": {"name": "bash"}}
-    # One call: allowed several, this small model goes on calling until max_tokens.
-    r = chat(qwen_server, tools=TOOLS, tool_choice=named, parallel_tool_calls=False)
+    r = chat(qwen_server, tools=TOOLS, tool_choice=named)
     assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
-    name, args = check_call(r.choices[0].message.tool_calls[0])
+    (call,) = r.choices[0].message.tool_calls  # a named function is called once
+    name, args = check_call(call)
     assert name == "bash" and isinstance(args.get("command"), str)
 
 
-def test_required_tool_choice(qwen_server):
-    r = chat(qwen_server, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+@pytest.mark.parametrize("parallel", [None, False])
+def test_required_tool_choice(qwen_server, parallel):
+    kw = {} if parallel is None else {"parallel_tool_calls": parallel}
+    r = chat(qwen_server, tools=TOOLS, tool_choice="required", **kw)
     assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
-    check_call(r.choices[0].message.tool_calls[0])
+    assert r.choices[0].message.tool_calls
+    for call in r.choices[0].message.tool_calls:
+        check_call(call)
 
 
 def test_tool_choice_none_returns_text(qwen_server):

@@ -92,6 +92,15 @@ def test_parallel_calls_only_where_allowed(tokenizers):
     assert not accepts(tokenizers, "hermes", two, parallel=False)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_calls_line_may_end_before_the_reply_does(tokenizers, fmt, parallel):
+    # The newline a model writes after its last call must not commit it to another call.
+    assert accepts(tokenizers, fmt, CALLS[fmt] + "\n", parallel)
+    assert not accepts(tokenizers, fmt, CALLS[fmt] + "\n\n", parallel)
+
+
 def test_xml_body_with_text_between_parameters_is_not_a_call():
     body = "\n<function=write_file>\n<parameter=path>\na\n</parameter>\nhmm\n</function>\n"
     assert parse_xml_call(body, TOOLS) is None
