@@ -9,6 +9,9 @@ what a tagged call's body looks like):
   a single ```json fence, naming a declared tool with arguments valid against its schema.
   Small models write this instead of the tags; every peer server passed it on as text.
   It is also the llama3_json format's own form (`"parameters"` for `"arguments"`).
+- Either form may wrap the call in OpenAI's tool shape, `{"type": "function", "function":
+  {"name", "arguments"}}`: Qwen2.5's template lists the tools that way, and its small
+  models write a call back in the same shape (seen under OpenCode).
 
 Text that merely looks like a call is never lost: whatever does not parse is emitted as text.
 Output that might still become a call is held back until it is decided. Only when the
@@ -143,6 +146,18 @@ def _unfence(s: str) -> str | None:
     return body if FENCE not in body else None
 
 
+def _unwrapped(obj: Any) -> Any:
+    """The call inside OpenAI's tool shape {"type": "function", "function": {...}}; else obj."""
+    if (
+        isinstance(obj, dict)
+        and "name" not in obj
+        and isinstance(obj.get("function"), dict)
+        and obj.get("type", "function") == "function"
+    ):
+        return obj["function"]
+    return obj
+
+
 class ToolCallParser:
     """Feed model text as it arrives; get text and whole tool calls back, in order."""
 
@@ -175,6 +190,7 @@ class ToolCallParser:
     # ---- internals ----------------------------------------------------------------------
 
     def _call(self, obj: Any, bare: bool, check_schema: bool | None = None) -> CallEvent | None:
+        obj = _unwrapped(obj)
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return None
         name = obj["name"]

@@ -76,6 +76,25 @@ def test_fenced_json_call(chunk):
     assert run(text, chunk) == ("", [("bash", {"command": "make test"}, True)])
 
 
+# Qwen2.5's template lists tools as {"type": "function", "function": {...}}, and its 1.5B
+# model answered OpenCode with a call in that shape (fenced, as here): it must act.
+OPENAI_SHAPED = (
+    '```json\n{\n  "type": "function",\n  "function": {\n    "name": "bash",\n'
+    '    "arguments": {\n      "command": "pytest", "timeout": 120000\n    }\n  }\n}\n```'
+)
+
+
+@pytest.mark.parametrize("chunk", CHUNKINGS)
+def test_call_in_openais_tool_shape(chunk):
+    assert run(OPENAI_SHAPED, chunk) == (
+        "",
+        [("bash", {"command": "pytest", "timeout": 120000}, True)],
+    )
+    inner = '{"type": "function", "function": {"name": "read", "arguments": {}}}'
+    tagged = f"<tool_call>\n{inner}\n</tool_call>"
+    assert run(tagged, chunk) == ("", [("read", {}, False)])
+
+
 def test_bare_json_switched_off_is_text():
     text = '{"name": "bash", "arguments": {"command": "cat x"}}'
     assert run(text, bare=False) == (text, [])
@@ -88,6 +107,8 @@ def test_bare_json_switched_off_is_text():
         '{"name": "bash", "arguments": {"timeout": 3}}',  # misses a required argument
         '{"name": "bash", "arguments": {"command": 5}}',  # wrong type
         '{"name": "bash"}',  # no arguments at all
+        '{"type": "function", "function": {"name": "bash", "arguments": {"timeout": 3}}}',
+        '{"type": "tool", "function": {"name": "bash", "arguments": {"command": "ls"}}}',
         '{"name": "bash", "arguments": {"command": "ls"}} and then some words',
         'Here: {"name": "bash", "arguments": {"command": "ls"}}',
         '```json\n{"name": "bash", "arguments": {"command": "ls"}}\n```\nThat runs ls.',
