@@ -6,12 +6,15 @@ what a tagged call's body looks like):
   `<tool_call><function=NAME><parameter=P>...</function></tool_call>` (qwen3_coder), any
   number, anywhere in the reply; the name must be a declared tool.
 - bare JSON (CLIENTS.md point 10): a reply that is *only* `{"name", "arguments"}`, bare or in
-  a single ```json fence, naming a declared tool with arguments valid against its schema.
+  a single ```json fence, naming a declared tool with arguments valid against its schema;
+  or only several such objects (one after another, or as a JSON array), each valid.
   Small models write this instead of the tags; every peer server passed it on as text.
   It is also the llama3_json format's own form (`"parameters"` for `"arguments"`).
 - Either form may wrap the call in OpenAI's tool shape, `{"type": "function", "function":
   {"name", "arguments"}}`: Qwen2.5's template lists the tools that way, and its small
   models write a call back in the same shape (seen under OpenCode).
+- An argument given as null that its schema neither requires nor allows is left out, as
+  the model meant (`_without_optional_nulls`).
 
 Text that merely looks like a call is never lost: whatever does not parse is emitted as text.
 Output that might still become a call is held back until it is decided. Only when the
@@ -110,8 +113,31 @@ def _close_json(s: str) -> str | None:
     return s.rstrip() + "".join(reversed(stack))
 
 
+def _objects_still_possible(s: str) -> bool:
+    """Could `s` (stripped, partial) still be only JSON objects one after another, with
+    whitespace or a comma between, or one array of them?"""
+    if s.startswith("["):
+        rest = s[1:].lstrip()
+        if rest and rest[0] != "{":
+            return False
+        end = _json_object_end(s)  # counts [ and { alike
+        return end is None or not s[end:].strip()
+    while s:
+        if not s.startswith("{"):
+            return False
+        rest = s[1:].lstrip()
+        if rest and rest[0] != '"':
+            return False  # "{ return x; }" and friends: code, not JSON
+        end = _json_object_end(s)
+        if end is None:
+            return True
+        s = s[end:].lstrip()
+        s = s[1:].lstrip() if s.startswith(",") else s
+    return True
+
+
 def _bare_still_possible(buf: str) -> bool:
-    """Could this (partial) reply still turn out to be only a JSON tool call?"""
+    """Could this (partial) reply still turn out to be only JSON tool calls?"""
     s = buf.lstrip()
     if s.startswith(FENCE):
         header, nl, body = s[3:].partition("\n")
@@ -119,18 +145,38 @@ def _bare_still_possible(buf: str) -> bool:
             return "json".startswith(header.strip().lower())
         if header.strip().lower() not in ("", "json"):
             return False
-        inner = body.lstrip()
-        if inner and not inner.startswith("{"):
-            return False
         closing = body.find(FENCE)
+        inner = body.rstrip("`") if closing < 0 else body[:closing]  # the fence may be coming
+        if not _objects_still_possible(inner.strip()):
+            return False
         return closing < 0 or not body[closing + 3 :].strip()
-    if s.startswith("{"):
-        rest = s[1:].lstrip()
-        if rest and rest[0] != '"':
-            return False  # "{ return x; }" and friends: code, not JSON
-        end = _json_object_end(s)
-        return end is None or not s[end:].strip()
+    if s.startswith(("{", "[")):
+        return _objects_still_possible(s)
     return bool(s) and FENCE.startswith(s)
+
+
+def _json_values(body: str) -> list[Any] | None:
+    """The values of `body` when it is JSON objects one after another (whitespace or a
+    comma between) or one array of them; None when it is anything else."""
+    decoder = json.JSONDecoder()
+    body = body.strip()
+    if body.startswith("["):
+        try:
+            values = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+        return values if isinstance(values, list) and values else None
+    values, at = [], 0
+    while at < len(body):
+        try:
+            value, at = decoder.raw_decode(body, at)
+        except json.JSONDecodeError:
+            return None
+        values.append(value)
+        at = len(body) - len(body[at:].lstrip())
+        if body.startswith(",", at):
+            at = len(body) - len(body[at + 1 :].lstrip())
+    return values or None
 
 
 def _unfence(s: str) -> str | None:
@@ -156,6 +202,14 @@ def _unwrapped(obj: Any) -> Any:
     ):
         return obj["function"]
     return obj
+
+
+def _without_optional_nulls(args: dict[str, Any], schema: Any) -> dict[str, Any]:
+    """args less the properties set to null that the schema does not require. Small models
+    write `"path": null` for an optional argument they leave out (seen under OpenCode); a
+    client that validates the call would refuse it, and a bare call would stay text."""
+    required = (schema.get("required") or []) if isinstance(schema, dict) else []
+    return {key: value for key, value in args.items() if value is not None or key in required}
 
 
 class ToolCallParser:
@@ -207,10 +261,11 @@ class ToolCallParser:
                 return None
         if not isinstance(args, dict):
             return None
-        if (bare if check_schema is None else check_schema) and schema_errors(
-            args, self.tools[name]
-        ):
-            return None
+        schema = self.tools[name]
+        if schema_errors(args, schema):
+            args = _without_optional_nulls(args, schema)
+            if (bare if check_schema is None else check_schema) and schema_errors(args, schema):
+                return None
         return CallEvent(name, json.dumps(args, ensure_ascii=False), bare)
 
     def _parse_tagged(self, body: str, at_end: bool) -> CallEvent | None:
@@ -234,17 +289,19 @@ class ToolCallParser:
         except json.JSONDecodeError:
             return None
 
-    def _parse_bare(self, text: str) -> CallEvent | None:
+    def _parse_bare(self, text: str) -> list[CallEvent] | None:
+        """The calls of a reply that is only JSON calls, every one valid; else None."""
         body = _unfence(text)
-        if body is None:
+        values = None if body is None else _json_values(body)
+        if values is None:
             return None
-        try:
-            call = self._call(json.loads(body), bare=True)
-        except json.JSONDecodeError:
+        calls = [self._call(value, bare=True) for value in values]
+        if any(call is None for call in calls):
             return None
-        if call is not None and self.fmt == "llama3_json":
-            call.bare = False  # the model's own format: not counted as a fallback
-        return call
+        for call in calls:
+            if self.fmt == "llama3_json":
+                call.bare = False  # the model's own format: not counted as a fallback
+        return calls
 
     def _stream_progress(self, events: list[Event]) -> None:
         """Send the name of the call being generated, then its arguments as they grow."""
@@ -285,7 +342,7 @@ class ToolCallParser:
                     self._mode, self._buf = "tag", s[len(OPEN) :]
                 elif OPEN.startswith(s) and not final:
                     return events  # maybe the start of a tag
-                elif self.bare_json and s[0] in "{`":
+                elif self.bare_json and s[0] in "{[`":
                     self._mode = "bare"
                 else:
                     self._mode = "text"
@@ -335,7 +392,8 @@ class ToolCallParser:
             else:  # bare
                 if final:
                     self._buf = ""
-                    self._emit(events, self._parse_bare(buf) or TextEvent(buf))
+                    for event in self._parse_bare(buf) or [TextEvent(buf)]:
+                        self._emit(events, event)
                     return events
                 if _bare_still_possible(buf):
                     return events

@@ -95,6 +95,38 @@ def test_call_in_openais_tool_shape(chunk):
     assert run(tagged, chunk) == ("", [("read", {}, False)])
 
 
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_optional_argument_given_as_null_is_left_out(chunk):
+    # The 1.5B model answered OpenCode with {"pattern": "*", "path": null} for glob.
+    bare = '```json\n{"name": "read", "arguments": {"path": null}}\n```'
+    assert run(bare, chunk) == ("", [("read", {}, True)])
+    tagged = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls", "timeout": null}}'
+    assert run(tagged + "\n</tool_call>", chunk) == ("", [("bash", {"command": "ls"}, False)])
+
+
+def test_null_stays_where_the_schema_allows_it():
+    schema = {"type": "object", "properties": {"path": {"type": ["string", "null"]}}}
+    parser = ToolCallParser({"read": schema})
+    events = parser.feed('{"name": "read", "arguments": {"path": null}}') + parser.finish()
+    assert [(e.name, json.loads(e.arguments)) for e in events] == [("read", {"path": None})]
+
+
+READ_A = '{"name": "read", "arguments": {"path": "a.py"}}'
+BASH_LS = '{"name": "bash", "arguments": {"command": "ls"}}'
+SEVERAL_CALLS = [
+    f"{READ_A}\n{BASH_LS}",
+    f"```json\n{READ_A},\n{BASH_LS}\n```",
+    f"[{READ_A}, {BASH_LS}]",
+]
+
+
+@pytest.mark.parametrize("text", SEVERAL_CALLS)
+@pytest.mark.parametrize("chunk", [None, 1, 5])
+def test_a_reply_of_several_json_calls_is_several_calls(text, chunk):
+    expected = [("read", {"path": "a.py"}, True), ("bash", {"command": "ls"}, True)]
+    assert run(text, chunk) == ("", expected)
+
+
 def test_bare_json_switched_off_is_text():
     text = '{"name": "bash", "arguments": {"command": "cat x"}}'
     assert run(text, bare=False) == (text, [])
@@ -107,6 +139,12 @@ def test_bare_json_switched_off_is_text():
         '{"name": "bash", "arguments": {"timeout": 3}}',  # misses a required argument
         '{"name": "bash", "arguments": {"command": 5}}',  # wrong type
         '{"name": "bash"}',  # no arguments at all
+        # several calls, one of them to an undeclared tool (as the 1.5B model wrote)
+        '{"name": "read", "arguments": {"path": "a"}}\n{"name": "shell", "arguments": {}}',
+        '[{"name": "read", "arguments": {"path": "a"}}] and more',
+        "[1, 2, 3]",
+        "[]",
+        '{"name": "bash", "arguments": {"command": null}}',  # a required argument as null
         '{"type": "function", "function": {"name": "bash", "arguments": {"timeout": 3}}}',
         '{"type": "tool", "function": {"name": "bash", "arguments": {"command": "ls"}}}',
         '{"name": "bash", "arguments": {"command": "ls"}} and then some words',
@@ -142,6 +180,8 @@ def test_bare_json_decided_early_when_it_cannot_be_a_call():
     assert parser.feed('{"a": 1}') == []  # could still be a lone object
     out = parser.feed(" is a dict")
     assert "".join(e.text for e in out) == '{"a": 1} is a dict'
+    parser = ToolCallParser(TOOLS)
+    assert "".join(e.text for e in parser.feed("[link](x)")) == "[link](x)"
 
 
 def test_schema_checker_basics():
