@@ -104,8 +104,18 @@ class Scheduler:
         staging = num_decodes > 0 and self.pacer.paces
         room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
         budget = min(room, self.pacer.prefill_limit(num_decodes))
-        for seq in self._prefilling():
-            if staging and not self._short_turn(seq):
+        prefilling = self._prefilling()
+        shorts_first = False
+        if prefilling and not staging:
+            # Short turns waiting go ahead of the prompts being prefilled, which would
+            # otherwise take the whole budget till their last token: an agent's follow-up
+            # turn must not queue behind another agent's long cold prompt. Their step
+            # leaves the long prompts out, so their first tokens do not wait for a whole
+            # chunk of them; from the next step they decode, and the long prompts are paced.
+            budget = self._admit(batch, budget, staging, set(), short_only=True)
+            shorts_first = len(batch) > num_decodes
+        for seq in prefilling:
+            if (staging or shorts_first) and not self._short_turn(seq):
                 continue
             if seq.staged is not None:  # decodes ended: its chunk finishes its layers
                 item = self._staged_item(seq, self.num_layers)
@@ -118,13 +128,38 @@ class Scheduler:
                 item = ScheduledSeq(seq, num_new)
             batch.append(item)
             budget -= item.num_new
-        deferred: set[int] = set()
+        if not shorts_first:
+            self._admit(batch, budget, staging, set(), short_only=False)
+        if staging and len(batch) == num_decodes:
+            self._stage(batch)
+        if not batch and len(self.running) > 1:
+            # Partly prefilled prompts hold every block and none can grow: make room.
+            self.preempt(max(self.running, key=lambda s: s.arrival))
+            return self.schedule()
+        return batch
+
+    def _admit(
+        self,
+        batch: list[ScheduledSeq],
+        budget: int,
+        staging: bool,
+        deferred: set[int],
+        short_only: bool,
+    ) -> int:
+        """Admit waiting sequences, in _next_waiting's order, with their first chunks in
+        `batch` from `budget`; returns the budget left. `deferred` collects those waiting
+        for blocks another sequence is computing, and with `short_only` those that are
+        not short turns (_short_turn)."""
         # Beside decodes a long prompt is admitted whatever the budget: it takes none.
         while self.waiting and (budget > 0 or staging) and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting(deferred)
             if seq is None:
                 break  # the rest wait for their blocks: back from host RAM or disk, or computed
             if seq.restore is not None:
+                restored = len(seq.block_table) * self.block_size  # if every block came back
+                if short_only and not self._short_turn(seq, restored):
+                    deferred.add(id(seq))
+                    continue
                 self.prefix.finish_restore(seq)
             else:
                 found = self.prefix.match(seq)
@@ -132,6 +167,9 @@ class Scheduler:
                     deferred.add(id(seq))  # admitted once the other one has computed them
                     continue
                 cached = found.num_tokens(self.block_size)
+                if short_only and not self._short_turn(seq, cached):
+                    deferred.add(id(seq))
+                    continue
                 num_new = self._first_chunk(seq, budget, staging, cached)
                 if num_new <= 0:
                     break
@@ -159,13 +197,7 @@ class Scheduler:
             if not staged:
                 batch.append(ScheduledSeq(seq, num_new))
                 budget -= num_new
-        if staging and len(batch) == num_decodes:
-            self._stage(batch)
-        if not batch and len(self.running) > 1:
-            # Partly prefilled prompts hold every block and none can grow: make room.
-            self.preempt(max(self.running, key=lambda s: s.arrival))
-            return self.schedule()
-        return batch
+        return budget
 
     def _first_chunk(
         self, seq: Sequence, budget: int, staging: bool, cached: int | None = None

@@ -135,6 +135,19 @@ def test_a_follow_up_overtakes_a_long_prompt_going_by_layers(four_layers):
     assert got == expected
 
 
+def test_a_short_prompt_does_not_queue_behind_a_long_one_prefilled_alone(four_layers):
+    path = four_layers["llama"]
+    arrivals = {0: dict([LONG_PROMPT]), 1: {"short": (prompt(21, 3), greedy(3))}}
+    expected, _ = drive(whole(path), arrivals)
+    got, trace = drive(paced(path, 5, 1, max_num_batched_tokens=16), arrivals)
+    assert got == expected
+    # Nothing decoded, so the long prompt had the whole budget of each step, and the
+    # short one waited till its last chunk. Now it goes first, in a step of its own 3
+    # tokens (a chunk of the long prompt beside them would delay its first token).
+    assert trace[1].decodes == 0 and trace[1].prompt_tokens == 3
+    assert trace[2].decodes == 1  # and decodes from the next step
+
+
 def test_preemption_part_way_through_a_chunk_drops_it_and_changes_no_token(four_layers):
     path = four_layers["qwen3"]
     options = {"kv_cache_bytes": 56 * 4 * 2 * NUM_LAYERS * 2 * 32 * 4, "block_size": 4}

@@ -11,7 +11,7 @@ from kamado.kv.cache import bytes_per_block
 from kamado.kv.disk_tier import HEADER, DiskTier
 from kamado.kv.quant import kv_format
 from kamado.models import load_model_config, resolve_model
-from tests.engine.conftest import greedy, hf_greedy, make_engine, run
+from tests.engine.conftest import FixedPacer, greedy, hf_greedy, make_engine, run
 
 BS = 4
 PROMPT = list(range(50, 90))  # 10 full blocks
@@ -66,6 +66,41 @@ def test_a_restarted_engine_starts_with_the_disk_tier_warm(tiny_models, tmp_path
     out = run(restarted, {"again": (PROMPT, greedy(10))})["again"][0]
     assert restarted.prefix.stats.disk_hit_tokens == len(PROMPT) - BS
     assert out == hf_greedy(reference, PROMPT, 10)
+
+
+def test_a_short_turn_from_disk_goes_ahead_of_a_long_prompt(tiny_models, tmp_path):
+    path, reference = tiny_models["llama"]
+    evict_prompt(small_engine(path, tmp_path))
+    engine = make_engine(
+        path,
+        block_size=BS,
+        kv_cache_bytes=2 * NUM_BLOCKS * block_bytes(path),
+        kv_disk_dir=str(tmp_path),
+        max_num_batched_tokens=8,
+    )
+    # Prompts of more than 32 new tokens are long; nothing decodes, so they run whole.
+    engine.pacer = engine.scheduler.pacer = FixedPacer(8, 1, short=8, long=32)
+    long_prompt, turn = [300 + i for i in range(64)], PROMPT + [5, 6, 7]
+    engine.add_request("long", long_prompt, greedy(2))
+    engine.step()
+    engine.add_request("turn", turn, greedy(3))  # PROMPT's blocks are on disk only
+    first: dict[str, int] = {}
+    out: dict[str, list[int]] = {"long": [], "turn": []}
+    for step in range(1, 40):
+        for seq in engine.scheduler.waiting:
+            if seq.restore is not None and seq.restore.future is not None:
+                seq.restore.future.result()  # the disk reads, done before the step
+        for delta in engine.step():
+            first.setdefault(delta.request_id, step)
+            out[delta.request_id] += delta.new_token_ids
+        if not engine.has_work():
+            break
+    # Before, the restored turn gave way to each chunk of the long prompt till its last.
+    assert first["turn"] <= 3 < first["long"]
+    assert engine.prefix.stats.disk_hit_tokens == len(PROMPT)
+    assert out["turn"] == hf_greedy(reference, turn, 3)
+    assert out["long"] == hf_greedy(reference, long_prompt, 2)
+    assert engine.pool.num_used == 0
 
 
 def test_corrupted_files_are_ignored_and_removed(tiny_models, tmp_path):
