@@ -5,15 +5,16 @@ the token budget, paced so decodes are never frozen. Beside decodes, a long prom
 a few layers per step: one chunk of it at a time runs through the layers the pacer
 allows, and its tokens count as computed once the last layer is done. An agent's short
 follow-up turn goes through every layer at once, as does every prompt when nothing
-decodes. A new sequence starts from whatever leading blocks the prefix cache holds for it.
-When KV blocks run out, the newest sequence is preempted: its blocks are freed (full ones
-stay cached), a chunk part way through its layers is dropped, and it is recomputed later
-from its tokens, ahead of new arrivals. New arrivals are admitted session by session
-(the one running least goes first), so one agent's burst cannot starve the others. One
-whose cached prefix continues in host RAM or on disk waits, holding the blocks being
-filled, while the others run, and goes first once they are back; one whose next prompt
-block another sequence is prefilling right now waits for it to be computed, not to
-compute it twice.
+decodes; then a waiting short turn is admitted ahead of the prompts being prefilled, in
+a step of its own, rather than after their last chunk. A new sequence starts from
+whatever leading blocks the prefix cache holds for it. When KV blocks run out, the
+newest sequence is preempted: its blocks are freed (full ones stay cached), a chunk part
+way through its layers is dropped, and it is recomputed later from its tokens, ahead of
+new arrivals. New arrivals are admitted session by session (the one running least goes
+first), so one agent's burst cannot starve the others. One whose cached prefix continues
+in host RAM or on disk waits, holding the blocks being filled, while the others run, and
+goes first once they are back; one whose next prompt block another sequence is
+prefilling right now waits for it to be computed, not to compute it twice.
 
 With speculation, a decoding sequence also carries the draft tokens the speculator
 planned for it, verified in the same step, where free blocks allow: a draft never

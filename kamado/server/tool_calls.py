@@ -295,9 +295,9 @@ class ToolCallParser:
         values = None if body is None else _json_values(body)
         if values is None:
             return None
-        calls = [self._call(value, bare=True) for value in values]
-        if any(call is None for call in calls):
-            return None
+        calls = [call for value in values if (call := self._call(value, bare=True)) is not None]
+        if len(calls) < len(values):
+            return None  # all or nothing: a reply with one bad call stays text
         for call in calls:
             if self.fmt == "llama3_json":
                 call.bare = False  # the model's own format: not counted as a fallback
