@@ -33,6 +33,11 @@ from kamado.kv.block_pool import BlockPool
 from kamado.kv.prefix_cache import PrefixCache
 from kamado.spec.speculator import Speculator
 
+# With nothing decoding, how long a short turn's restore may hold up the step: its few
+# blocks come back from host RAM or disk in milliseconds, where the step would otherwise
+# go to a whole chunk of the long prompts and the turn would wait for the next one.
+SHORT_TURN_RESTORE_WAIT_S = 0.05
+
 
 @dataclass
 class ScheduledSeq:
@@ -107,14 +112,14 @@ class Scheduler:
         budget = min(room, self.pacer.prefill_limit(num_decodes))
         prefilling = self._prefilling()
         shorts_first = False
-        if prefilling and not staging:
+        if prefilling and num_decodes == 0:
             # Short turns waiting go ahead of the prompts being prefilled, which would
             # otherwise take the whole budget till their last token: an agent's follow-up
             # turn must not queue behind another agent's long cold prompt. Their step
             # leaves the long prompts out, so their first tokens do not wait for a whole
             # chunk of them; from the next step they decode, and the long prompts are paced.
             budget = self._admit(batch, budget, staging, set(), short_only=True)
-            shorts_first = len(batch) > num_decodes
+            shorts_first = bool(batch)  # nothing decodes: these are the turns admitted
         for seq in prefilling:
             if (staging or shorts_first) and not self._short_turn(seq):
                 continue
@@ -181,6 +186,8 @@ class Scheduler:
                     break
                 self.prefix.acquire(seq, found)
                 if seq.restore is not None:
+                    if short_only:  # nothing decodes, so no stream waits on this
+                        seq.restore.wait(SHORT_TURN_RESTORE_WAIT_S)
                     continue  # it runs once its blocks are back; others go on meanwhile
             staged = staging and not self._short_turn(seq)
             num_new = self._first_chunk(seq, budget, staging)

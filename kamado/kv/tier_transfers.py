@@ -53,6 +53,12 @@ class Restore:
     def done(self) -> bool:
         return self.future is None or self.future.done()
 
+    def wait(self, seconds: float) -> bool:
+        """Wait at most `seconds` for the blocks; whether they are all back."""
+        if self.future is not None:
+            concurrent.futures.wait([self.future], timeout=seconds)
+        return self.done()
+
 
 class TierTransfers:
     def __init__(self, cache: KVCache, host: HostTier | None, disk: DiskTier | None) -> None:
