@@ -118,7 +118,7 @@ class Scheduler:
             # turn must not queue behind another agent's long cold prompt. Their step
             # leaves the long prompts out, so their first tokens do not wait for a whole
             # chunk of them; from the next step they decode, and the long prompts are paced.
-            budget = self._admit(batch, budget, staging, set(), short_only=True)
+            budget = self._admit(batch, budget, staging, short_only=True)
             shorts_first = bool(batch)  # nothing decodes: these are the turns admitted
         for seq in prefilling:
             if (staging or shorts_first) and not self._short_turn(seq):
@@ -135,7 +135,7 @@ class Scheduler:
             batch.append(item)
             budget -= item.num_new
         if not shorts_first:
-            self._admit(batch, budget, staging, set(), short_only=False)
+            self._admit(batch, budget, staging, short_only=False)
         if staging and len(batch) == num_decodes:
             self._stage(batch)
         if not batch and len(self.running) > 1:
@@ -149,13 +149,13 @@ class Scheduler:
         batch: list[ScheduledSeq],
         budget: int,
         staging: bool,
-        deferred: set[int],
         short_only: bool,
     ) -> int:
         """Admit waiting sequences, in _next_waiting's order, with their first chunks in
-        `batch` from `budget`; returns the budget left. `deferred` collects those waiting
-        for blocks another sequence is computing, and with `short_only` those that are
-        not short turns (_short_turn)."""
+        `batch` from `budget`; returns the budget left. Passed over: those waiting for
+        blocks another sequence is computing, and with `short_only` those that are not
+        short turns (_short_turn)."""
+        deferred: set[int] = set()
         # Beside decodes a long prompt is admitted whatever the budget: it takes none.
         while self.waiting and (budget > 0 or staging) and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting(deferred)

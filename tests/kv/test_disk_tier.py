@@ -26,13 +26,13 @@ def block_bytes(path: Path, kv_cache_dtype: str = "auto") -> int:
     return bytes_per_block(config, BS, torch.float32, kv)
 
 
-def small_engine(path: Path, disk: Path | None, **options):
-    """An engine with room for NUM_BLOCKS blocks and its disk tier in `disk` (None: off)."""
+def small_engine(path: Path, disk: Path | None, num_blocks: int = NUM_BLOCKS, **options):
+    """An engine with room for `num_blocks` blocks and its disk tier in `disk` (None: off)."""
     per_block = block_bytes(path, options.get("kv_cache_dtype", "auto"))
     return make_engine(
         path,
         block_size=BS,
-        kv_cache_bytes=NUM_BLOCKS * per_block,
+        kv_cache_bytes=num_blocks * per_block,
         kv_disk_dir=None if disk is None else str(disk),
         **options,
     )
@@ -72,13 +72,7 @@ def test_a_restarted_engine_starts_with_the_disk_tier_warm(tiny_models, tmp_path
 def test_a_short_turn_from_disk_goes_ahead_of_a_long_prompt(tiny_models, tmp_path, monkeypatch):
     path, reference = tiny_models["llama"]
     evict_prompt(small_engine(path, tmp_path))
-    engine = make_engine(
-        path,
-        block_size=BS,
-        kv_cache_bytes=2 * NUM_BLOCKS * block_bytes(path),
-        kv_disk_dir=str(tmp_path),
-        max_num_batched_tokens=8,
-    )
+    engine = small_engine(path, tmp_path, 2 * NUM_BLOCKS, max_num_batched_tokens=8)
     # Prompts of more than 32 new tokens are long; nothing decodes, so they run whole.
     engine.pacer = engine.scheduler.pacer = FixedPacer(8, 1, short=8, long=32)
     # The turn's ten blocks come back in well under the default wait; a loaded machine
