@@ -205,11 +205,19 @@ def _unwrapped(obj: Any) -> Any:
 
 
 def _without_optional_nulls(args: dict[str, Any], schema: Any) -> dict[str, Any]:
-    """args less the properties set to null that the schema does not require. Small models
-    write `"path": null` for an optional argument they leave out (seen under OpenCode); a
-    client that validates the call would refuse it, and a bare call would stay text."""
-    required = (schema.get("required") or []) if isinstance(schema, dict) else []
-    return {key: value for key, value in args.items() if value is not None or key in required}
+    """args less the properties set to null that the schema neither requires nor allows
+    to be null. Small models write `"path": null` for an optional argument they leave out
+    (seen under OpenCode); a client that validates the call would refuse it, and a bare
+    call would stay text."""
+    if not isinstance(schema, dict) or None not in args.values():
+        return args
+    required = schema.get("required") or []
+    properties = schema.get("properties") or {}
+    return {
+        key: value
+        for key, value in args.items()
+        if value is not None or key in required or not schema_errors(None, properties.get(key))
+    }
 
 
 class ToolCallParser:
@@ -262,10 +270,9 @@ class ToolCallParser:
         if not isinstance(args, dict):
             return None
         schema = self.tools[name]
-        if schema_errors(args, schema):
-            args = _without_optional_nulls(args, schema)
-            if (bare if check_schema is None else check_schema) and schema_errors(args, schema):
-                return None
+        args = _without_optional_nulls(args, schema)
+        if (bare if check_schema is None else check_schema) and schema_errors(args, schema):
+            return None
         return CallEvent(name, json.dumps(args, ensure_ascii=False), bare)
 
     def _parse_tagged(self, body: str, at_end: bool) -> CallEvent | None:

@@ -109,6 +109,12 @@ def test_null_stays_where_the_schema_allows_it():
     parser = ToolCallParser({"read": schema})
     events = parser.feed('{"name": "read", "arguments": {"path": null}}') + parser.finish()
     assert [(e.name, json.loads(e.arguments)) for e in events] == [("read", {"path": None})]
+    # Nor is it dropped from a tagged call that fails its schema for another reason.
+    schema["properties"]["line"] = {"type": "integer"}
+    parser = ToolCallParser({"read": schema})
+    text = '<tool_call>\n{"name": "read", "arguments": {"path": null, "line": "x"}}\n</tool_call>'
+    events = parser.feed(text) + parser.finish()
+    assert [json.loads(e.arguments) for e in events] == [{"path": None, "line": "x"}]
 
 
 READ_A = '{"name": "read", "arguments": {"path": "a.py"}}'
