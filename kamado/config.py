@@ -80,6 +80,11 @@ class EngineConfig:
     # The same bound while an agent's short follow-up turn (<= 2,048 new prompt tokens) is
     # prefilled: its time to first token is what the agent waits for.
     short_turn_stall_factor: float = 2.0
+    # With nothing decoding, a long prompt's chunk goes by layers in steps of about this
+    # many seconds, so a request arriving meanwhile (another agent's turn) waits for no
+    # more than that; None: a whole chunk a step. Only where the host's clock times each
+    # layer as it runs (CPU); on CUDA a chunk's step is short anyway.
+    alone_step_s: float | None = 0.5
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     # Replay decode steps from CUDA graphs (CUDA with the triton backend only).
     cuda_graphs: bool = True

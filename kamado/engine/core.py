@@ -162,6 +162,7 @@ class EngineCore:
             config.decode_stall_factor,
             config.max_num_batched_tokens,
             config.short_turn_stall_factor,
+            self.model_config.num_layers,
         )
         self.speculator = make_speculator(config, self.max_model_len, self.model_config.vocab_size)
         self.scheduler = Scheduler(
@@ -173,6 +174,7 @@ class EngineCore:
             self.pacer,
             self.model_config.num_layers,
             self.speculator,
+            config.alone_step_s if self.runner.clock is not None else None,
         )
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         self.guides = Guides(

@@ -15,6 +15,10 @@ much: the step is late anyway, and its layers would add to it.
 A chunk whose single layer took more than its slack would take as much in each of its
 later steps, since a chunk keeps its size: it is split there (`tokens_to_keep`), and its
 first tokens go on alone.
+
+With nothing decoding, a chunk in a pass of its own stops the same way once its layers
+near the scheduler's bound on a step alone (`passes_bound`), so a request arriving
+meanwhile is admitted at the next step.
 """
 
 from __future__ import annotations
@@ -42,10 +46,18 @@ class LayerClock:
         """Whether a chunk whose first `layers_done` layers joined to the decodes took
         `seconds` stops before the next: what they added, and as much again as one of them
         added on average, would pass `slack_s`. Never before a decode-only layer was timed."""
-        if self.decode_layer_s is None or layers_done <= 0:
+        if self.decode_layer_s is None:
             return False
-        added = seconds - layers_done * self.decode_layer_s
-        return added * (layers_done + 1) / layers_done > slack_s
+        return self.passes_bound(
+            layers_done, seconds - layers_done * self.decode_layer_s, slack_s
+        )  # fmt: skip
+
+    def passes_bound(self, layers_done: int, seconds: float, bound_s: float) -> bool:
+        """Whether a chunk whose first `layers_done` layers took `seconds` (in a pass of
+        its own, or what they added to the decodes') stops before the next: those, and as
+        much again as one of them took on average, would pass `bound_s`. With nothing
+        decoding the bound is the scheduler's on a step alone."""
+        return layers_done > 0 and seconds * (layers_done + 1) / layers_done > bound_s
 
     def tokens_to_keep(self, num_tokens: int, seconds: float, slack_s: float) -> int:
         """Of a chunk of `num_tokens` whose first layer joined to the decodes took

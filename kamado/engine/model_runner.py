@@ -314,12 +314,23 @@ class ModelRunner:
         )
 
     def _run_staged(self, item: ScheduledSeq) -> torch.Tensor | None:
-        """A staged chunk through `item.layers` in a pass of its own (see _staged_output)."""
+        """A staged chunk through `item.layers` in a pass of its own (see _staged_output):
+        all of them, or where the clock measures them, those that fit `item.slack_s`. The
+        item then holds the layers that ran."""
         assert item.layers is not None and item.seq.staged is not None
         state, positions, chunk = self._staged_input(item)
         if item.seq.staged.context is None:
             item.seq.staged.context = self._context([chunk], chunk.context_len)
-        state = self.forward.run_layers(state, positions, item.seq.staged.context, item.layers)
+        ctx, layers = item.seq.staged.context, item.layers
+        if self.clock is None or item.slack_s is None:
+            return self._staged_output(item, self.forward.run_layers(state, positions, ctx, layers))
+        started = time.perf_counter()
+        for done, layer in enumerate(layers, 1):
+            state = self.forward.run_layers(state, positions, ctx, range(layer, layer + 1))
+            seconds = time.perf_counter() - started
+            if layer + 1 < layers.stop and self.clock.passes_bound(done, seconds, item.slack_s):
+                item.layers, item.completes = range(layers.start, layer + 1), False
+                break
         return self._staged_output(item, state)
 
     def _staged_input(self, item: ScheduledSeq) -> tuple[LayerState, torch.Tensor, SeqChunk]:

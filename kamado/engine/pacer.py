@@ -65,10 +65,19 @@ class PrefillPacer:
     PRIOR_MIN_TOKENS = 256  # prefill-only steps this large measure the cost per token
     SHORT_TURN_TOKENS = 2048
 
-    def __init__(self, factor: float, max_tokens: int, short_factor: float | None = None) -> None:
+    def __init__(
+        self,
+        factor: float,
+        max_tokens: int,
+        short_factor: float | None = None,
+        num_layers: int | None = None,
+    ) -> None:
         self.factor = factor
         self.short_factor = max(factor, short_factor if short_factor is not None else factor)
         self.max_tokens = max_tokens
+        # The model's layers: a chunk going by layers with nothing decoding then measures
+        # what prefill costs a token too (None: only chunks through every layer do).
+        self.num_layers = num_layers
         self.prefill_token_s: float | None = None  # per token, from prefill-only steps
         self._decode_steps: deque[float] = deque(maxlen=self.DECODE_WINDOW)
         self._mixed: deque[Point] = deque(maxlen=self.WINDOW)  # whole chunks
@@ -227,9 +236,15 @@ class PrefillPacer:
         """A finished step: its decodes, the prompt tokens it ran through every layer, and
         the (tokens, layers) of each chunk it ran through some of them (`staged`)."""
         if not num_decodes:
-            # Says nothing about a decode's pace, but what prefill costs a token.
-            if num_prefill_tokens >= self.PRIOR_MIN_TOKENS and not staged:
-                self.prefill_token_s = self._ema(self.prefill_token_s, seconds / num_prefill_tokens)
+            # Says nothing about a decode's pace, but what prefill costs a token: counted
+            # in tokens through every layer.
+            tokens = float(num_prefill_tokens)
+            if staged and self.num_layers is not None:
+                tokens += sum(t * layers for t, layers in staged) / self.num_layers
+            elif staged:
+                return
+            if tokens >= self.PRIOR_MIN_TOKENS:
+                self.prefill_token_s = self._ema(self.prefill_token_s, seconds / tokens)
             return
         if not num_prefill_tokens and not staged:
             self._decode_steps.append(seconds)

@@ -4,9 +4,11 @@ Every step carries all running decodes first; prefill (chunked) fills what is le
 the token budget, paced so decodes are never frozen. Beside decodes, a long prompt goes
 a few layers per step: one chunk of it at a time runs through the layers the pacer
 allows, and its tokens count as computed once the last layer is done. An agent's short
-follow-up turn goes through every layer at once, as does every prompt when nothing
-decodes; then a waiting short turn is admitted ahead of the prompts being prefilled, in
-a step of its own, rather than after their last chunk. A new sequence starts from
+follow-up turn goes through every layer at once. With nothing decoding, a waiting short
+turn is admitted ahead of the prompts being prefilled, in a step of its own, rather than
+after their last chunk; and where the host's clock times each layer (a CPU, `alone_step_s`)
+a long prompt's chunk goes by layers in steps of about that many seconds, so a request
+that arrives meanwhile waits for no more than that. A new sequence starts from
 whatever leading blocks the prefix cache holds for it. When KV blocks run out, the
 newest sequence is preempted: its blocks are freed (full ones stay cached), a chunk part
 way through its layers is dropped, and it is recomputed later from its tokens, ahead of
@@ -69,6 +71,7 @@ class Scheduler:
         pacer: PrefillPacer,
         num_layers: int,
         speculator: Speculator | None = None,
+        alone_step_s: float | None = None,
     ) -> None:
         self.pool = pool
         self.prefix = prefix
@@ -78,6 +81,7 @@ class Scheduler:
         self.pacer = pacer
         self.num_layers = num_layers
         self.speculator = speculator
+        self.alone_step_s = alone_step_s
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -106,8 +110,11 @@ class Scheduler:
         if self.speculator is not None and batch:
             self._add_drafts(batch)
         # Beside decodes, long prompts go a few layers a step (_stage); whole chunks are
-        # for short follow-up turns, and for every prompt when nothing decodes.
+        # for short follow-up turns, and for every prompt when nothing decodes, but where
+        # a step alone is bounded: there a long prompt goes by layers in steps of about
+        # alone_step_s.
         staging = num_decodes > 0 and self.pacer.paces
+        alone = num_decodes == 0 and self.alone_step_s is not None
         room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
         budget = min(room, self.pacer.prefill_limit(num_decodes))
         prefilling = self._prefilling()
@@ -121,9 +128,9 @@ class Scheduler:
             budget = self._admit(batch, budget, staging, short_only=True)
             shorts_first = bool(batch)  # nothing decodes: these are the turns admitted
         for seq in prefilling:
-            if (staging or shorts_first) and not self._short_turn(seq):
+            if (staging or shorts_first or alone) and not self._short_turn(seq):
                 continue
-            if seq.staged is not None:  # decodes ended: its chunk finishes its layers
+            if seq.staged is not None:  # decodes ended, unbounded: it finishes its layers
                 item = self._staged_item(seq, self.num_layers)
             else:
                 num_new = min(seq.num_uncomputed, budget)
@@ -135,9 +142,9 @@ class Scheduler:
             batch.append(item)
             budget -= item.num_new
         if not shorts_first:
-            self._admit(batch, budget, staging, short_only=False)
-        if staging and len(batch) == num_decodes:
-            self._stage(batch)
+            self._admit(batch, budget, staging or alone, short_only=False)
+        if (staging or alone) and len(batch) == num_decodes:
+            self._stage(batch, alone)
         if not batch and len(self.running) > 1:
             # Partly prefilled prompts hold every block and none can grow: make room.
             self.preempt(max(self.running, key=lambda s: s.arrival))
@@ -154,9 +161,9 @@ class Scheduler:
         """Admit waiting sequences, in _next_waiting's order, with their first chunks in
         `batch` from `budget`; returns the budget left. Passed over: those waiting for
         blocks another sequence is computing, and with `short_only` those that are not
-        short turns (_short_turn)."""
+        short turns (_short_turn). `staging`: long prompts go by layers (_stage)."""
         deferred: set[int] = set()
-        # Beside decodes a long prompt is admitted whatever the budget: it takes none.
+        # A long prompt going by layers is admitted whatever the budget: it takes none.
         while self.waiting and (budget > 0 or staging) and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting(deferred)
             if seq is None:
@@ -169,10 +176,10 @@ class Scheduler:
                 self.prefix.finish_restore(seq)
             else:
                 found = self.prefix.match(seq)
-                if found.computing is not None and found.computing.status is Status.RUNNING:
+                cached = found.num_tokens(self.block_size)
+                if self._waits_for(found.computing, seq.num_tokens - cached):
                     deferred.add(id(seq))  # admitted once the other one has computed them
                     continue
-                cached = found.num_tokens(self.block_size)
                 if short_only and not self._short_turn(seq, cached):
                     deferred.add(id(seq))
                     continue
@@ -191,7 +198,7 @@ class Scheduler:
                     continue  # it runs once its blocks are back; others go on meanwhile
             staged = staging and not self._short_turn(seq)
             num_new = self._first_chunk(seq, budget, staging)
-            # A long prompt beside decodes is admitted without a chunk: _stage picks and
+            # A long prompt going by layers is admitted without a chunk: _stage picks and
             # reserves the one chunk that goes a few layers this step.
             if num_new <= 0 or not (staged or self._reserve(seq, num_new)):
                 # Less was restored, or others took the room: what it holds stays cached.
@@ -207,37 +214,62 @@ class Scheduler:
                 budget -= num_new
         return budget
 
+    def _waits_for(self, computing: Sequence | None, left: int) -> bool:
+        """Whether a sequence with `left` tokens to compute waits for `computing`, which is
+        prefilling the block it needs next: where computing its own tokens would take as
+        long as the other's next chunk. Agents starting at once share a long system prompt
+        that costs more to compute twice; a short prompt sharing a block or two with a long
+        one would wait a whole chunk of it (on a CPU, seconds for 2,048 tokens) for what it
+        computes in a fraction of that."""
+        if computing is None or computing.status is not Status.RUNNING:
+            return False
+        return left >= min(computing.num_uncomputed, self.max_num_batched_tokens)
+
     def _first_chunk(
         self, seq: Sequence, budget: int, staging: bool, cached: int | None = None
     ) -> int:
-        """Tokens a sequence being admitted computes first: a long prompt beside decodes,
-        one staged chunk; any other, what the budget leaves. `cached`: as in _short_turn."""
+        """Tokens a sequence being admitted computes first: a long prompt going by layers,
+        one staged chunk of the pacer's size (_stage sizes and reserves the chunk it runs);
+        any other, what the budget leaves. `cached`: as in _short_turn."""
         left = seq.num_uncomputed if cached is None else seq.num_tokens - cached
         if staging and not self._short_turn(seq, cached):
             return self.pacer.staged_chunk_tokens(left)
         return min(left, budget)
 
-    def _stage(self, batch: list[ScheduledSeq]) -> None:
+    def _stage(self, batch: list[ScheduledSeq], alone: bool = False) -> None:
         """Add one chunk of a long prompt, through the layers the pacer allows beside the
         decodes in `batch`: the chunk under way, else a new one of the long prompt with the
-        fewest tokens left (a chunk keeps its size till its last layer)."""
+        fewest tokens left (a chunk keeps its size till its last layer). `alone`: nothing
+        decodes, and the chunk is what the budget allows, through the layers that fit in
+        alone_step_s (the runner's clock stops it there)."""
         prompts = [s for s in self._prefilling() if not self._short_turn(s)]
         if not prompts:
             return
         seq = next((s for s in prompts if s.staged is not None), prompts[0])
-        if seq.staged is not None:
-            layers = self.pacer.staged_layers(seq.staged.num_tokens)
+        chunk = seq.staged
+        if chunk is not None:
+            if chunk.alone and not alone:
+                # Decodes started while it was under way: on from here in the pacer's size,
+                # its other tokens waiting at this layer (alone, till they are sized too).
+                keep = self.pacer.staged_chunk_tokens(chunk.num_tokens)
+                if keep < chunk.num_tokens:
+                    chunk.split(keep)
+                chunk.alone = False
+            layers = self.num_layers if alone else self.pacer.staged_layers(chunk.num_tokens)
         else:
             room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
-            num_tokens = self.pacer.staged_chunk_tokens(min(seq.num_uncomputed, room))
-            layers = self.pacer.staged_layers(num_tokens) if num_tokens > 0 else 0
+            left = min(seq.num_uncomputed, room)
+            num_tokens = left if alone else self.pacer.staged_chunk_tokens(left)
+            layers = 0 if num_tokens <= 0 else (
+                self.num_layers if alone else self.pacer.staged_layers(num_tokens)
+            )  # fmt: skip
             # Without blocks for it the chunk waits: blocks come free as decodes finish.
             if not layers or not self._reserve(seq, num_tokens):
                 return
-            seq.staged = StagedChunk(num_tokens)
+            seq.staged = StagedChunk(num_tokens, alone=alone)
         if layers:
             item = self._staged_item(seq, layers)
-            item.slack_s = self.pacer.staged_slack()
+            item.slack_s = self.alone_step_s if alone else self.pacer.staged_slack()
             batch.append(item)
 
     def _staged_item(self, seq: Sequence, num_layers: int) -> ScheduledSeq:

@@ -18,27 +18,32 @@ if TYPE_CHECKING:
 
 @dataclass
 class StagedChunk:
-    """A prompt chunk computed a few layers per step beside decodes: its K/V is written
-    up to `next_layer`, and its residual stream waits in `state` for the layers after.
+    """A prompt chunk computed a few layers per step: its K/V is written up to
+    `next_layer`, and its residual stream waits in `state` for the layers after.
     `context`: its attention metadata, the same for each of its steps in a pass of its own
     (built once: its block table at a 120k context took 0.75 ms of the host a step).
     `rest`: the tokens right after these, split off where a layer of the whole chunk took
     more than its step could give (see LayerClock.tokens_to_keep); they wait at their own
     `next_layer` until these are through every layer, then go on from there (causal: they
-    attend to these tokens' K/V, all of which is written by then)."""
+    attend to these tokens' K/V, all of which is written by then).
+    `alone`: started while nothing decoded, so sized for steps of its own rather than for
+    the slack beside decodes (see Scheduler._stage)."""
 
     num_tokens: int
     next_layer: int = 0
     state: LayerState | None = None
     context: StepContext | None = None
     rest: StagedChunk | None = None
+    alone: bool = False
 
     def split(self, keep: int) -> None:
         """Go on with the first `keep` tokens; the others wait in `rest`, ahead of any
         tokens that were waiting there already."""
         assert self.state is not None and 0 < keep < self.num_tokens
         self.state, rest_state = split_state(self.state, keep)
-        self.rest = StagedChunk(self.num_tokens - keep, self.next_layer, rest_state, rest=self.rest)
+        self.rest = StagedChunk(
+            self.num_tokens - keep, self.next_layer, rest_state, rest=self.rest, alone=self.alone
+        )
         self.num_tokens, self.context = keep, None  # the context was built for all of them
 
 

@@ -27,6 +27,16 @@ def test_a_chunk_stops_before_the_layer_that_would_pass_the_slack():
     assert not clock.stop_after(3, 0.030, 0.0)
 
 
+def test_a_chunk_alone_stops_before_the_layer_that_would_pass_the_bound():
+    clock = LayerClock()  # no decode-only layer needed: nothing decodes beside it
+    # One layer took 300 ms: a second makes 600.
+    assert not clock.passes_bound(1, 0.300, 0.600)
+    assert clock.passes_bound(1, 0.300, 0.500)
+    # Three layers in 0.9 s: a fourth makes 1.2 s.
+    assert clock.passes_bound(3, 0.900, 1.0) and not clock.passes_bound(3, 0.900, 1.2)
+    assert not clock.passes_bound(0, 10.0, 0.1)  # before any layer: at least one runs
+
+
 def test_a_chunk_whose_first_layer_passed_the_slack_keeps_the_tokens_that_fit():
     clock = LayerClock()
     assert clock.tokens_to_keep(40, 10.0, 0.001) == 40  # no decode-only layer timed yet

@@ -109,6 +109,20 @@ def test_a_follow_up_turn_stretches_steps_to_the_short_factor():
     assert pacer.prefill_limit(3) == 64  # 40 ms of slack would fit 156; twice 32 seen
 
 
+def test_a_prompt_going_by_layers_alone_also_measures_prefill_per_token():
+    pacer = PrefillPacer(1.25, 2048, num_layers=24)
+    # 2,048 tokens through 6 of 24 layers in 64 ms: 512 tokens' worth, 0.125 ms each.
+    pacer.observe(0, 0, 0.064, staged=[(2048, 6)])
+    assert pacer.prefill_token_s == pytest.approx(0.000125)
+    # Too few tokens' worth to measure (256 tokens through 12 layers: 128): unchanged.
+    pacer.observe(0, 0, 1.0, staged=[(256, 12)])
+    assert pacer.prefill_token_s == pytest.approx(0.000125)
+    # Without the model's layers, a chunk going by layers measures nothing.
+    unknown = PrefillPacer(1.25, 2048)
+    unknown.observe(0, 0, 0.064, staged=[(2048, 6)])
+    assert unknown.prefill_token_s is None
+
+
 def test_one_token_chunks_are_off_the_line_of_longer_ones():
     # As on the H200 beside two decodes at 100k: a one-token chunk replays in the decode
     # graph (7.1 ms more than the decodes alone); from two tokens a step runs eagerly

@@ -38,7 +38,9 @@ def paced(path: str, chunk: int, layers: int, **options) -> EngineCore:
 
 
 def whole(path: str, **options) -> EngineCore:
-    return make_engine(path, speculation="off", decode_stall_factor=float("inf"), **options)
+    return make_engine(
+        path, speculation="off", decode_stall_factor=float("inf"), alone_step_s=None, **options
+    )  # fmt: skip
 
 
 def prompt(seed: int, length: int) -> list[int]:
@@ -227,9 +229,12 @@ def test_long_prompts_sharing_a_prefix_compute_it_once_beside_decodes(four_layer
 
 class StopAfterOneLayer(LayerClock):
     """A clock that finds the slack used, not passed, by every chunk's first layer in a
-    step: no chunk is split."""
+    step, and the bound on a step alone used by every layer: no chunk is split."""
 
     def stop_after(self, layers_done: int, seconds: float, slack_s: float) -> bool:
+        return True
+
+    def passes_bound(self, layers_done: int, seconds: float, bound_s: float) -> bool:
         return True
 
     def tokens_to_keep(self, num_tokens: int, seconds: float, slack_s: float) -> int:
@@ -304,3 +309,53 @@ def test_a_staged_prompt_goes_ahead_of_the_tokens_with_the_same_tokens(four_laye
     beside = [t for t in trace if t.decodes and t.layers]
     assert len(beside) > 4 and not beside[0].ahead and all(t.ahead for t in beside[1:])
     assert engine.pool.num_used == 0
+
+
+@pytest.mark.parametrize("budget,chunks", [(2048, [150]), (64, [64, 64, 22])])
+def test_a_long_prompt_alone_goes_a_layer_a_step_where_each_uses_the_bound(
+    four_layers, budget, chunks
+):
+    path = four_layers["qwen3"]
+    arrivals = {0: dict([LONG_PROMPT])}
+    expected, _ = drive(whole(path, max_num_batched_tokens=budget), arrivals)
+    engine = paced(path, 16, 1, max_num_batched_tokens=budget)
+    engine.runner.clock = StopAfterOneLayer()
+    got, trace = drive(engine, arrivals)
+    assert got == expected
+    # Each chunk is what the budget allows (not the pacer's 16: nothing decodes), one
+    # layer a step, then the prompt's first token's decodes.
+    alone = [(t.prompt_tokens, t.layers) for t in trace if t.decodes == 0]
+    assert alone == [(n, 1) for n in chunks for _ in range(NUM_LAYERS)]
+    assert engine.pool.num_used == 0
+
+
+def test_a_request_arriving_while_a_long_prompt_goes_alone_waits_one_step(four_layers):
+    path = four_layers["llama"]
+    short = ("short", (prompt(21, 3), greedy(3)))
+    arrivals = {0: dict([LONG_PROMPT]), 2: dict([short])}
+    expected, _ = drive(whole(path), arrivals)
+    engine = paced(path, 16, 1)
+    engine.runner.clock = StopAfterOneLayer()
+    got, trace = drive(engine, arrivals)
+    assert got == expected
+    # The long prompt's one chunk of 150 had run 2 of its layers when the short one came:
+    # the short one's 3 tokens went in the next step, on their own, and it decodes after.
+    assert trace[:3] == [Step(0, 150, 1, False), Step(0, 150, 1, False), Step(0, 3, 0, False)]
+    assert trace[3].decodes == 1
+    # Beside the decodes, the chunk under way went on in the pacer's size, not its own.
+    beside = [t.prompt_tokens for t in trace if t.decodes and t.layers]
+    assert beside and max(beside) == 16
+    assert engine.pool.num_used == 0
+
+
+def test_the_engine_times_a_step_alone_by_its_layers(four_layers):
+    path = four_layers["qwen3"]
+    arrivals = {0: dict([LONG_PROMPT])}
+    expected, _ = drive(whole(path), arrivals)
+    for bound, layers_a_step in [(1e-9, [1] * NUM_LAYERS), (60.0, [NUM_LAYERS])]:
+        # Every layer passes a bound of a nanosecond; none of a tiny model's, a minute.
+        engine = make_engine(path, speculation="off", alone_step_s=bound)
+        engine.pacer.SHORT_TURN_TOKENS = 32  # 150 tokens make a long prompt
+        got, trace = drive(engine, arrivals)
+        assert got == expected
+        assert [t.layers for t in trace if t.prompt_tokens] == layers_a_step

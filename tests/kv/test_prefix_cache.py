@@ -136,6 +136,27 @@ def test_agents_starting_together_compute_their_shared_prompt_once(tiny_models):
     assert_no_leaks(engine)
 
 
+def test_a_short_prompt_computes_a_block_it_shares_with_a_long_one_rather_than_wait(
+    tiny_models,
+):
+    path, reference = tiny_models["llama"]
+    engine = make_engine(path, block_size=BS, max_num_batched_tokens=64)
+    long = [(7 * i) % 500 + 1 for i in range(216)]
+    engine.add_request("long", long, greedy(2))
+    engine.step()  # its first chunk, 64 tokens, is cached; the next block is computed next
+    short = long[: 64 + BS] + [3, 4, 5]
+    engine.add_request("short", short, greedy(2))
+    # Its 7 tokens past the cached ones cost less than waiting for the long prompt's next
+    # chunk of 64 to compute the block they start with: it computes them itself, at once.
+    first = engine.step()
+    assert [delta.request_id for delta in first] == ["short"]
+    out = run(engine, {})
+    assert first[0].new_token_ids + out["short"][0] == hf_greedy(reference, short, 2)
+    assert out["long"][0] == hf_greedy(reference, long, 2)
+    assert engine.prefix.stats.device_hit_tokens == 64
+    assert_no_leaks(engine)
+
+
 def test_a_request_waiting_on_an_aborted_prefill_computes_the_prompt_itself(tiny_models):
     path, reference = tiny_models["llama"]
     engine = make_engine(path, block_size=BS, max_num_batched_tokens=8)
