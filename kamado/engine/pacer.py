@@ -236,15 +236,17 @@ class PrefillPacer:
         """A finished step: its decodes, the prompt tokens it ran through every layer, and
         the (tokens, layers) of each chunk it ran through some of them (`staged`)."""
         if not num_decodes:
-            # Says nothing about a decode's pace, but what prefill costs a token: counted
-            # in tokens through every layer.
-            tokens = float(num_prefill_tokens)
-            if staged and self.num_layers is not None:
-                tokens += sum(t * layers for t, layers in staged) / self.num_layers
-            elif staged:
+            # Says nothing about a decode's pace, but what prefill costs a token (through
+            # every layer), where a chunk is long enough that the step's fixed costs do not
+            # count: a staged one through a single layer too.
+            if max([num_prefill_tokens, *(t for t, _ in staged)]) < self.PRIOR_MIN_TOKENS:
                 return
-            if tokens >= self.PRIOR_MIN_TOKENS:
-                self.prefill_token_s = self._ema(self.prefill_token_s, seconds / tokens)
+            tokens = float(num_prefill_tokens)
+            if staged:
+                if self.num_layers is None:
+                    return
+                tokens += sum(t * layers for t, layers in staged) / self.num_layers
+            self.prefill_token_s = self._ema(self.prefill_token_s, seconds / tokens)
             return
         if not num_prefill_tokens and not staged:
             self._decode_steps.append(seconds)

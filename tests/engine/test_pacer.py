@@ -111,12 +111,17 @@ def test_a_follow_up_turn_stretches_steps_to_the_short_factor():
 
 def test_a_prompt_going_by_layers_alone_also_measures_prefill_per_token():
     pacer = PrefillPacer(1.25, 2048, num_layers=24)
-    # 2,048 tokens through 6 of 24 layers in 64 ms: 512 tokens' worth, 0.125 ms each.
-    pacer.observe(0, 0, 0.064, staged=[(2048, 6)])
+    # 2,048 tokens through 3 of 24 layers in 32 ms: 256 tokens' worth, 0.125 ms each.
+    pacer.observe(0, 0, 0.032, staged=[(2048, 3)])
     assert pacer.prefill_token_s == pytest.approx(0.000125)
-    # Too few tokens' worth to measure (256 tokens through 12 layers: 128): unchanged.
-    pacer.observe(0, 0, 1.0, staged=[(256, 12)])
-    assert pacer.prefill_token_s == pytest.approx(0.000125)
+    # Through one layer, 2,048 tokens are still a chunk whose fixed costs do not count:
+    # 0.25 ms a token here, weighed in at EMA.
+    pacer.observe(0, 0, 2 * 0.032 / 3, staged=[(2048, 1)])
+    learned = 0.000125 + PrefillPacer.EMA * 0.000125
+    assert pacer.prefill_token_s == pytest.approx(learned)
+    # A chunk too short to measure (128 tokens, through every layer too): unchanged.
+    pacer.observe(0, 0, 1.0, staged=[(128, 24)])
+    assert pacer.prefill_token_s == pytest.approx(learned)
     # Without the model's layers, a chunk going by layers measures nothing.
     unknown = PrefillPacer(1.25, 2048)
     unknown.observe(0, 0, 0.064, staged=[(2048, 6)])
