@@ -1,4 +1,5 @@
-"""Long prompts beside decodes go a few layers per step: same tokens as whole chunks."""
+"""Long prompts go a few layers per step, beside decodes or alone in bounded steps: same
+tokens as whole chunks."""
 
 from __future__ import annotations
 
@@ -323,7 +324,7 @@ def test_a_long_prompt_alone_goes_a_layer_a_step_where_each_uses_the_bound(
     got, trace = drive(engine, arrivals)
     assert got == expected
     # Each chunk is what the budget allows (not the pacer's 16: nothing decodes), one
-    # layer a step, then the prompt's first token's decodes.
+    # layer a step; the steps after them decode.
     alone = [(t.prompt_tokens, t.layers) for t in trace if t.decodes == 0]
     assert alone == [(n, 1) for n in chunks for _ in range(NUM_LAYERS)]
     assert engine.pool.num_used == 0
