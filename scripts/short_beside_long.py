@@ -4,7 +4,8 @@ Against a running server (`kamado serve`, or any OpenAI-compatible one): a long 
 (a chat message of WORDS words, about 4 tokens each) with nothing else running, then,
 DELAY seconds after it was sent, a short streamed request. Prints the short request's
 time to first token and how long the long prompt took, one line per delay. Each run
-starts both prompts with a fresh tag, so no cache holds their first blocks.
+starts both prompts with a fresh tag, so no cache holds their first blocks. Needs the
+OpenAI client, which `scripts/setup --test` installs.
 
     .venv/bin/python scripts/short_beside_long.py [--url http://127.0.0.1:8091/v1]
         [--words 1300] [--delays 4 8 12]
