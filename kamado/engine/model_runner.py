@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -284,26 +285,43 @@ class ModelRunner:
         late (`late_s`). The item then holds the layers that ran. Also returns how many of
         its tokens go on (all, unless its first layer alone took more than the slack and
         layers are left: the chunk is then split, LayerClock.tokens_to_keep)."""
-        layers = item.layers
-        assert layers is not None
-        if self.clock is None or item.slack_s is None:
-            return self.forward.run_layers(state, positions, ctx, layers), item.num_new
-        started = time.perf_counter()
-        slack_s = item.slack_s - late_s
+        assert item.layers is not None
+        clock, full_slack_s = self.clock, item.slack_s
+        if clock is None or full_slack_s is None:
+            return self.forward.run_layers(state, positions, ctx, item.layers), item.num_new
+        slack_s = full_slack_s - late_s
         keep = item.num_new
-        for done, layer in enumerate(layers, 1):
-            state = self.forward.run_layers(state, positions, ctx, range(layer, layer + 1))
-            seconds = time.perf_counter() - started
+
+        def stops(done: int, layer: int, seconds: float) -> bool:
+            nonlocal keep
             if done == 1 and layer + 1 < self.forward.num_layers:
                 # Sized for the chunk's later steps, which this one's lateness says
                 # nothing about: by the whole slack.
-                keep = self.clock.tokens_to_keep(item.num_new, seconds, item.slack_s)
-            if layer + 1 < layers.stop and (
-                keep < item.num_new or self.clock.stop_after(done, seconds, slack_s)
-            ):
+                keep = clock.tokens_to_keep(item.num_new, seconds, full_slack_s)
+            return keep < item.num_new or clock.stop_after(done, seconds, slack_s)
+
+        return self._timed_layers(state, positions, ctx, item, stops), keep
+
+    def _timed_layers(
+        self,
+        state: LayerState,
+        positions: torch.Tensor,
+        ctx: StepContext,
+        item: ScheduledSeq,
+        stops: Callable[[int, int, float], bool],
+    ) -> LayerState:
+        """`item.layers` one at a time, timed by the host's clock: after each, `stops`
+        (layers done, that layer, seconds so far) says whether the step ends there; where
+        layers are left, the item then holds the layers that ran."""
+        layers = item.layers
+        assert layers is not None
+        started = time.perf_counter()
+        for done, layer in enumerate(layers, 1):
+            state = self.forward.run_layers(state, positions, ctx, range(layer, layer + 1))
+            if stops(done, layer, time.perf_counter() - started) and layer + 1 < layers.stop:
                 item.layers, item.completes = range(layers.start, layer + 1), False
                 break
-        return state, keep
+        return state
 
     def _graph_fits(self, positions: list[int], chunks: list[SeqChunk]) -> bool:
         """A CUDA graph can run the batch: a token each, and a captured size fits."""
@@ -321,16 +339,14 @@ class ModelRunner:
         state, positions, chunk = self._staged_input(item)
         if item.seq.staged.context is None:
             item.seq.staged.context = self._context([chunk], chunk.context_len)
-        ctx, layers = item.seq.staged.context, item.layers
-        if self.clock is None or item.slack_s is None:
-            return self._staged_output(item, self.forward.run_layers(state, positions, ctx, layers))
-        started = time.perf_counter()
-        for done, layer in enumerate(layers, 1):
-            state = self.forward.run_layers(state, positions, ctx, range(layer, layer + 1))
-            seconds = time.perf_counter() - started
-            if layer + 1 < layers.stop and self.clock.passes_bound(done, seconds, item.slack_s):
-                item.layers, item.completes = range(layers.start, layer + 1), False
-                break
+        ctx, clock, bound_s = item.seq.staged.context, self.clock, item.slack_s
+        if clock is None or bound_s is None:
+            state = self.forward.run_layers(state, positions, ctx, item.layers)
+        else:
+            state = self._timed_layers(
+                state, positions, ctx, item,
+                lambda done, _, seconds: clock.passes_bound(done, seconds, bound_s),
+            )  # fmt: skip
         return self._staged_output(item, state)
 
     def _staged_input(self, item: ScheduledSeq) -> tuple[LayerState, torch.Tensor, SeqChunk]:
