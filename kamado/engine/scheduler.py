@@ -259,10 +259,11 @@ class Scheduler:
         else:
             room = self.max_num_batched_tokens - sum(item.num_new for item in batch)
             left = min(seq.num_uncomputed, room)
-            num_tokens = left if alone else self.pacer.staged_chunk_tokens(left)
-            layers = 0 if num_tokens <= 0 else (
-                self.num_layers if alone else self.pacer.staged_layers(num_tokens)
-            )  # fmt: skip
+            if alone:
+                num_tokens, layers = left, self.num_layers
+            else:
+                num_tokens = self.pacer.staged_chunk_tokens(left)
+                layers = self.pacer.staged_layers(num_tokens) if num_tokens > 0 else 0
             # Without blocks for it the chunk waits: blocks come free as decodes finish.
             if not layers or not self._reserve(seq, num_tokens):
                 return
