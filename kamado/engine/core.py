@@ -233,6 +233,7 @@ class EngineCore:
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already running")
         self._check_prompt(prompt_token_ids)
+        self._check_token_ids(list(params.logit_bias), "logit_bias token ids")
         if params.constraint is not None:
             try:
                 self.guides.check(params.constraint)

@@ -491,6 +491,6 @@ def verify(
 
 
 def plain_greedy(params: SamplingParams) -> bool:
-    """The argmax of the (masked, when constrained) logits is the token: no penalties and no
-    logprobs to report."""
-    return params.greedy and not params.penalized and params.logprobs is None
+    """The argmax of the (masked, when constrained) logits is the token: no penalties or
+    logit bias, and no logprobs to report."""
+    return params.greedy and not params.adjusts_logits and params.logprobs is None

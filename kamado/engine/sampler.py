@@ -1,4 +1,5 @@
-"""Turns a step's logits into next tokens: penalties, temperature, top-k/p, min-p, seeds.
+"""Turns a step's logits into next tokens: penalties, logit bias, temperature, top-k/p,
+min-p, seeds.
 
 Sampling draws argmax(p / E) with E ~ Exp(1) noise, which picks token i with
 probability p_i. A seeded request draws its noise from a generator keyed by
@@ -38,7 +39,7 @@ class Sampler:
         raw_logprobs = None
         if any(r.params.logprobs is not None for r in rows):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._apply_penalties(logits, rows)
+        logits = self._adjust_logits(logits, rows)
         tokens = [self._pick(logits[i], row) for i, row in enumerate(rows)]
         logprobs = [
             _logprob_entry(raw_logprobs[i], tokens[i], row.params.logprobs)
@@ -48,14 +49,15 @@ class Sampler:
         ]
         return tokens, logprobs
 
-    def _apply_penalties(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-        if not any(r.params.penalized for r in rows):
+    def _adjust_logits(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """The rows' penalties and logit biases applied, on a copy where any applies."""
+        if not any(r.params.adjusts_logits for r in rows):
             return logits
         logits = logits.clone()
         vocab = logits.shape[-1]
         for i, row in enumerate(rows):
             p = row.params
-            if not p.penalized:
+            if not p.adjusts_logits:
                 continue
             if p.repetition_penalty != 1.0:
                 # Hugging Face semantics: every token seen so far, prompt included.
@@ -69,6 +71,9 @@ class Sampler:
                 # OpenAI semantics: only tokens generated so far.
                 counts = torch.bincount(torch.tensor(output), minlength=vocab)[:vocab].float()
                 logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), dtype=torch.long)
+                logits[i, ids] += torch.tensor(list(p.logit_bias.values()))
         return logits
 
     def _pick(self, logits: torch.Tensor, row: SampleRow) -> int:

@@ -8,6 +8,8 @@ from kamado.structured.constraint import Constraint
 
 MAX_STOP_STRINGS = 64
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # entries: each step adds them to the logits, beside every stream
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's: -100 bans a token, +100 all but forces it
 
 
 @dataclass
@@ -30,6 +32,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # Grammar the output must follow (JSON schema, regex, Lark); None = free text.
     constraint: Constraint | None = None
+    # Added to the token's logit before sampling (OpenAI's logit_bias); logprobs stay those
+    # of the model's own distribution, as with the penalties.
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -42,11 +47,13 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
     @property
-    def penalized(self) -> bool:
+    def adjusts_logits(self) -> bool:
+        """Penalties or a logit bias change the logits before a token is picked."""
         return (
             self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
         )
 
     def validate(self) -> None:
@@ -72,6 +79,18 @@ class SamplingParams:
             (
                 self.seed is None or -(2**63) <= self.seed < 2**64,
                 "seed must fit in 64 bits",
+            ),
+            (
+                len(self.logit_bias) <= MAX_LOGIT_BIAS,
+                f"logit_bias may have at most {MAX_LOGIT_BIAS} entries",
+            ),
+            (
+                all(-LOGIT_BIAS_RANGE <= v <= LOGIT_BIAS_RANGE for v in self.logit_bias.values()),
+                f"logit_bias values must be between {-LOGIT_BIAS_RANGE:g} and {LOGIT_BIAS_RANGE:g}",
+            ),
+            (
+                all(t >= 0 for t in self.logit_bias),
+                "logit_bias keys must be token ids (non-negative integers)",
             ),
         ]
         for ok, message in checks:

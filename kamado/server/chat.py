@@ -140,7 +140,9 @@ async def prepare(state: ServerState, raw: bytes) -> PreparedChat:
     )
     budget = fit_max_tokens(len(prompt), state.max_model_len, requested, default=None)
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, budget.max_tokens, top, state.stop_token_ids, constraint)
+    params = sampling_params(
+        req, budget.max_tokens, top, state.stop_token_ids, state.vocab_size, constraint
+    )
     headers = {}
     if budget.clamped_from is not None:
         headers["x-kamado-max-tokens-clamped"] = str(budget.max_tokens)

@@ -85,7 +85,9 @@ async def prepare(state: ServerState, raw: bytes) -> PreparedCompletion:
     _check_ids(ids, state.vocab_size)
     budget = fit_max_tokens(len(ids), state.max_model_len, req.max_tokens, DEFAULT_MAX_TOKENS)
     constraint = await output_constraint(req)
-    params = sampling_params(req, budget.max_tokens, req.logprobs, state.stop_token_ids, constraint)
+    params = sampling_params(
+        req, budget.max_tokens, req.logprobs, state.stop_token_ids, state.vocab_size, constraint
+    )
     headers = {}
     if budget.clamped_from is not None:
         headers["x-kamado-max-tokens-clamped"] = str(budget.max_tokens)

@@ -48,10 +48,9 @@ def sampling_params(
     max_tokens: int,
     logprobs: int | None,
     stop_token_ids: list[int],
+    vocab_size: int | None,
     constraint: Constraint | None = None,
 ) -> SamplingParams:
-    if req.logit_bias:
-        raise APIError("logit_bias is not supported by this server.", param="logit_bias")
     stop = req.stop if req.stop is not None else []
     try:
         return SamplingParams(
@@ -70,9 +69,29 @@ def sampling_params(
             ignore_eos=bool(req.ignore_eos),
             logprobs=logprobs,
             constraint=constraint,
+            logit_bias=_logit_bias(req.logit_bias, vocab_size),
         )
     except ValueError as e:
         message = str(e)
         raise APIError(
             f"Invalid parameter: {message}.", param=message.split(" ", 1)[0], code="invalid_value"
         ) from None
+
+
+def _logit_bias(raw: dict[str, float] | None, vocab_size: int | None) -> dict[int, float]:
+    """OpenAI's logit_bias, keyed by token ids written as strings, as token ids; the values'
+    range is SamplingParams' to check."""
+    bias: dict[int, float] = {}
+    for key, value in (raw or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            raise APIError(
+                f"logit_bias keys must be token ids in [0, {vocab_size}); got {key!r}.",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        bias[token] = value
+    return bias

@@ -31,9 +31,18 @@ def tiny_models(tmp_path_factory) -> dict[str, tuple[Path, PreTrainedModel]]:
     return out
 
 
-def hf_greedy(model, prompt: list[int], n: int, eos: list[int] | None = None) -> list[int]:
-    """transformers' greedy continuation: exactly n tokens, or up to one of `eos`."""
+def hf_greedy(
+    model,
+    prompt: list[int],
+    n: int,
+    eos: list[int] | None = None,
+    logit_bias: dict[int, float] | None = None,
+) -> list[int]:
+    """transformers' greedy continuation: exactly n tokens, or up to one of `eos`;
+    `logit_bias` through its sequence_bias, one-token sequences."""
     options = {"eos_token_id": eos, "pad_token_id": eos[0]} if eos else {"min_new_tokens": n}
+    if logit_bias:
+        options["sequence_bias"] = [[[t], b] for t, b in logit_bias.items()]
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt]),

@@ -39,6 +39,9 @@ async def test_concurrent_requests_match_the_in_process_engine(tiny_path):
         assert dict(zip(prompts, results, strict=True)) == expected
         with pytest.raises(RequestError, match="context"):
             await collect(engine, "too-long", [1] * 5000, greedy(4))
+        with pytest.raises(RequestError, match="logit_bias"):
+            await collect(engine, "bad-bias", [1, 2], greedy(4, logit_bias={10**6: 1.0}))
+        assert await collect(engine, "after", prompts["r0"], greedy(10)) == expected["r0"]
     finally:
         await engine.shutdown()
 

@@ -1,9 +1,11 @@
 """The sampler against transformers' logits processors and against the laws it must keep."""
 
+import pytest
 import torch
 from transformers import (
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
@@ -43,16 +45,50 @@ def test_repetition_penalty_matches_transformers():
     logits = logits_row()
     history = [3, 7, 7, 11, 42]
     params = SamplingParams(repetition_penalty=1.3, temperature=0)
-    ours = Sampler()._apply_penalties(logits[None].clone(), [SampleRow(params, history, 2, 0)])
+    ours = Sampler()._adjust_logits(logits[None].clone(), [SampleRow(params, history, 2, 0)])
     ref = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([history]), logits[None].clone())
     torch.testing.assert_close(ours, ref)
+
+
+def test_logit_bias_matches_transformers_sequence_bias():
+    logits = logits_row()
+    bias = {3: -100.0, 7: 2.5, 49: 0.5}
+    params = SamplingParams(logit_bias=bias, presence_penalty=0.5)
+    row = SampleRow(params, [1, 2, 7], num_prompt_tokens=2, index=0)
+    ours = Sampler()._adjust_logits(logits[None].clone(), [row])
+    ref = SequenceBiasLogitsProcessor([[[t], b] for t, b in bias.items()])(
+        torch.tensor([row.token_ids]), logits[None].clone()
+    )
+    ref[0, 7] -= 0.5  # the presence penalty on the one output token, applied beside it
+    torch.testing.assert_close(ours, ref)
+
+
+def test_logit_bias_moves_the_pick_and_leaves_logprobs_raw():
+    logits = logits_row()
+    top = int(logits.argmax())
+    banned = SamplingParams(temperature=0, logprobs=1, logit_bias={top: -100})
+    rows = [SampleRow(SamplingParams(temperature=0, logprobs=1), [0], 1, 0)]
+    rows.append(SampleRow(banned, [0], 1, 0))
+    tokens, logprobs = Sampler()(torch.stack([logits, logits]), rows)
+    assert tokens[0] == top and tokens[1] == int(logits.topk(2).indices[1])
+    raw = torch.log_softmax(logits, -1)
+    assert logprobs[1].logprob == pytest.approx(float(raw[tokens[1]]))
+    assert logprobs[1].top[0][0] == top  # the banned token is still the model's likeliest
+
+
+def test_logit_bias_is_validated():
+    for bias, words in [({1: 101.0}, "between -100 and 100"), ({-1: 1.0}, "token ids")]:
+        with pytest.raises(ValueError, match=words):
+            SamplingParams(logit_bias=bias)
+    with pytest.raises(ValueError, match="at most"):
+        SamplingParams(logit_bias=dict.fromkeys(range(2000), 1.0))
 
 
 def test_presence_and_frequency_penalties_count_only_output_tokens():
     logits = torch.zeros(1, 10)
     params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
     row = SampleRow(params, [4, 4, 1, 1, 1, 2], num_prompt_tokens=2, index=0)
-    out = Sampler()._apply_penalties(logits, [row])[0]
+    out = Sampler()._adjust_logits(logits, [row])[0]
     assert out[4] == 0  # only in the prompt
     assert out[1] == -(0.5 + 3 * 0.25)
     assert out[2] == -(0.5 + 0.25)

@@ -83,7 +83,10 @@ def test_wrong_types_name_the_field(smol_server, body, param, words):
         ({"repetition_penalty": 0}, ["repetition_penalty"]),
         ({"tool_choice": "required"}, ["tools"]),
         ({"response_format": {"type": "xml"}}, ["response_format", "xml"]),
-        ({"logit_bias": {"5": 10}}, ["logit_bias"]),
+        ({"logit_bias": {"5": 101}}, ["logit_bias", "between -100 and 100"]),
+        ({"logit_bias": {"sea": 1}}, ["logit_bias", "token ids", "sea"]),
+        ({"logit_bias": {"99999999": 1}}, ["logit_bias", "token ids"]),
+        ({"logit_bias": {"-3": 1}}, ["logit_bias", "token ids"]),
     ],
 )
 def test_out_of_range_parameters(smol_server, extra, words):

@@ -8,6 +8,8 @@ import json
 import httpx
 import pytest
 
+from kamado.models import ModelSource, load_tokenizer
+
 pytestmark = pytest.mark.slow
 
 HI = [{"role": "user", "content": "Write one sentence about the sea."}]
@@ -168,6 +170,25 @@ def test_completion_logprobs(smol_server):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
     assert "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset[0] == 0
+
+
+def test_logit_bias_forces_and_bans_tokens(smol_server, smollm2_path):
+    tokenizer = load_tokenizer(ModelSource("gguf", "smol", smollm2_path))
+    client = smol_server.client()
+
+    def complete(bias: dict[str, float]) -> str:
+        return client.completions.create(
+            model=smol_server.model, prompt="1, 2, 3,", max_tokens=3, temperature=0,
+            logit_bias=bias,
+        ).choices[0].text  # fmt: skip
+
+    sea = tokenizer.encode(" sea", add_special_tokens=False)
+    assert len(sea) == 1
+    assert complete({str(sea[0]): 100}) == " sea" * 3
+    free = complete({})
+    first = tokenizer.encode(free, add_special_tokens=False)[0]
+    banned = complete({str(first): -100})
+    assert tokenizer.encode(banned, add_special_tokens=False)[0] != first
 
 
 async def test_sixteen_concurrent_streams_match_their_solo_results(smol_server):

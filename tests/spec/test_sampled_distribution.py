@@ -128,8 +128,9 @@ def test_sampling_with_speculation_matches_the_exact_distribution(small_vocab_mo
     [
         dict(temperature=0.8, top_p=0.85, frequency_penalty=1.5, presence_penalty=0.5),
         dict(temperature=1.2, top_k=3, min_p=0.05, repetition_penalty=1.3),
+        dict(temperature=1.0, logit_bias={1: 2.0, 2: -1.5}),
     ],
-    ids=["top_p+penalties", "top_k+min_p+repetition"],
+    ids=["top_p+penalties", "top_k+min_p+repetition", "logit_bias"],
 )
 def test_filtered_and_penalized_sampling_is_unchanged_by_speculation(small_vocab_model, params):
     path, _ = small_vocab_model
