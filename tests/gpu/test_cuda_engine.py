@@ -35,6 +35,7 @@ def generate(
     kv: str = "auto",
     prompt_lens: list[int] = PROMPT_LENS,
     model: str = "synthetic:qwen3-0.6b",
+    logit_bias: dict[int, float] | None = None,
 ) -> dict[str, list]:
     engine = EngineCore(
         EngineConfig(
@@ -44,7 +45,10 @@ def generate(
             kv_cache_dtype=kv, speculation="off",  # these compare kernels and graphs
         )
     )  # fmt: skip
-    params = SamplingParams(temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True, logprobs=logprobs)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True, logprobs=logprobs,
+        logit_bias=logit_bias or {},
+    )  # fmt: skip
     spread = min(30000, engine.model_config.vocab_size - 100)  # ids the vocabulary has
     for i, n in enumerate(prompt_lens):
         engine.add_request(
@@ -129,6 +133,18 @@ def test_quantized_kv_through_triton_and_graphs_follows_the_torch_backend(kv):
     reference = generate("torch", graphs=False, logprobs=5, fused=False, kv=kv)
     tie = FP8_TIE if kv.startswith("fp8") else BF16_TIE
     assert_same_up_to_bf16_ties(reference, generate("triton", graphs=True, kv=kv), tie)
+
+
+def test_logit_bias_bans_and_forces_tokens_through_graphs():
+    # A biased greedy row is picked on the host (not by the argmax on the device), beside
+    # decodes replayed from CUDA graphs.
+    lens = dict(prompt_lens=[7, 300])
+    free = generate("triton", graphs=True, **lens)
+    seen = {t for tokens in free.values() for t in tokens}
+    banned = generate("triton", graphs=True, logit_bias=dict.fromkeys(seen, -100.0), **lens)
+    assert all(len(t) == GEN_LEN and not seen & set(t) for t in banned.values())
+    forced = generate("triton", graphs=True, logit_bias={12345: 100.0}, **lens)
+    assert all(t == [12345] * GEN_LEN for t in forced.values())
 
 
 def test_decode_launched_ahead_gives_the_tokens_of_one_step_at_a_time():
