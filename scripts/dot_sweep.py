@@ -1,9 +1,9 @@
 """Bytes per second of the CUDA tensor-core matmuls over compressed weights
-(triton_matmul.int4_dot_kernel and _fp8_dot_kernel) for each tile configuration, at
+(triton_matmul.int4_dot_kernel and _rowwise_dot_kernel) for each tile configuration, at
 Qwen3-8B's projection shapes and the output head: what the autotuner chooses among, so
 the list it gets can be the configurations that win somewhere.
 
-    python scripts/dot_sweep.py [ROWS [FORMAT ...]]    (FORMAT: int4, fp8)
+    python scripts/dot_sweep.py [ROWS [FORMAT ...]]    (FORMAT: int4, fp8, int8)
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ INT4_CONFIGS = [
     (32, 2, False, 4, 3, 8), (16, 4, False, 4, 3, 4), (16, 4, False, 4, 3, 8),
     (16, 2, False, 4, 3, 8), (64, 4, True, 4, 2, 8), (32, 4, True, 4, 3, 8),
 ]  # fmt: skip
-# fp8: (BLOCK_N, BLOCK_K, SWAP, num_warps, num_stages, SPLIT_K)
-FP8_CONFIGS = [
+# fp8 and int8 (a scale per row): (BLOCK_N, BLOCK_K, SWAP, num_warps, num_stages, SPLIT_K)
+ROWWISE_CONFIGS = [
     (64, 256, False, 4, 3, 1), (128, 256, False, 4, 3, 1), (64, 256, False, 4, 4, 4),
     (64, 256, False, 4, 3, 8), (128, 128, False, 4, 4, 8), (64, 256, True, 4, 3, 1),
     (64, 512, True, 4, 3, 1), (128, 256, True, 4, 3, 1), (128, 256, True, 8, 3, 1),
@@ -61,12 +61,12 @@ def int4_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[...
     return call
 
 
-def fp8_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[..., None]:
+def rowwise_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[..., None]:
     bn, bk, swap, warps, stages, split = config
     n, rows, k = out.shape[1], x.shape[0], x.shape[1]
 
     def call(q: torch.Tensor, scales: torch.Tensor) -> None:
-        tm._fp8_dot_kernel[(triton.cdiv(n, bn), split)](
+        tm._rowwise_dot_kernel[(triton.cdiv(n, bn), split)](
             x, q, scales, x, out, *tm.split_buffers(x.device), rows, n, x.stride(0),
             q.stride(0), out.stride(0), K=k, HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk,
             BLOCK_M=16, SWAP=swap, SPLIT_K=split, num_warps=warps, num_stages=stages,
@@ -78,7 +78,8 @@ def fp8_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[...,
 
 SWEPT = {  # format: (its tensors from a bf16 weight, a launch per config, the configs)
     "int4": (int4_weights, int4_call, INT4_CONFIGS),
-    "fp8": (formats.quantize_fp8, fp8_call, FP8_CONFIGS),
+    "fp8": (formats.quantize_fp8, rowwise_call, ROWWISE_CONFIGS),
+    "int8": (formats.quantize_int8, rowwise_call, ROWWISE_CONFIGS),
 }
 
 

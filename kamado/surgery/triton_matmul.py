@@ -11,9 +11,10 @@ Decode reads every weight once per token, so its matmuls are bound by the bytes 
   Other inputs (fp16, float32, groups other than 128) take an int4 GEMV for up to
   INT4_GEMV_MAX_ROWS rows, which widens each word once for all rows.
 - int4 weights beyond those, and int8 and fp8 from three rows, up to DOT_MAX_ROWS, go
-  through tensor cores on tiles: each program widens its tile in registers (int4 through
-  bit tricks, not the int-to-float instruction, which Hopper issues at an eighth of the
-  FMA rate) and reads it once for all input rows.
+  through tensor cores on tiles: each program widens its tile in registers (by bit
+  tricks, not the int-to-float instruction, which Hopper issues at an eighth of the FMA
+  rate) and reads it once for all input rows. int8 and fp8 with a scale per row share
+  one kernel, its tiles and their split of K.
 - From DOT_MAX_ROWS up to TILED_MAX_ROWS rows (many agents decoding, or speculation's
   verify steps) the tile kernels run the rows in slices of DOT_MAX_ROWS: each slice reads
   the compressed weight again, and two slices still beat widening it.
@@ -125,11 +126,11 @@ _INT4_MMA_CONFIGS = [
 ]
 SPLIT_MAX_OUT = 16384  # output rows up to which an int4 matmul may split its inputs
 _SPLIT_MAX = 8  # the most SPLIT_K above
-_INT8_DOT_CONFIGS = [
+_GROUPED_DOT_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
     for bn, bk, w, st in [(16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3)]
 ]  # fmt: skip
-_FP8_DOT_CONFIGS = [
+_ROWWISE_DOT_CONFIGS = [
     triton.Config(
         {"BLOCK_N": bn, "BLOCK_K": bk, "SWAP": swap, "SPLIT_K": split},
         num_warps=w, num_stages=st,
@@ -256,14 +257,29 @@ def _grouped_kernel(
 
 
 @triton.jit
-def _int8_dot_kernel(
+def _tensor_core_operands(x, w):
+    """A tile's inputs and weights as the tensor cores take them, both exact: int8 in the
+    inputs' dtype (to bf16 Triton widens by a bit trick; to fp16 it would take the
+    int-to-float instruction, which Hopper issues at an eighth of the FMA rate); e4m3 in
+    fp16, with the inputs rounded to fp16 (three more mantissa bits than bf16) and clamped
+    to its range."""
+    if w.dtype == tl.int8:
+        w = w.to(x.dtype)
+    else:
+        x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        w = w.to(tl.float16)
+    return x, w
+
+
+@triton.jit
+def _grouped_dot_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om,
     K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[:M, rows] = x @ (q * scale)[rows].T on tensor cores, for int8 q with a scale per
-    row (GROUP = K) or per group: q is exact in bf16, x stays bf16, products accumulate in
-    float32 and each group's sum is scaled once. Input rows past M are zeros."""
+    group (K a multiple of GROUP): q exact in bf16, products summed in float32 and each
+    group's sum scaled once. Input rows past M are zeros."""
     let_next_start(PDL)
     wait_for_inputs(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -276,38 +292,28 @@ def _int8_dot_kernel(
     s_base = s_ptr + rows64 * stride_sn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, TILE):
-        if K % TILE == 0:
-            w = tl.load(w_ptrs)
-            x = tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0)
-        else:  # a scale per row and a last, partial tile
-            kmask = k0 + ks < K
-            w = tl.load(w_ptrs, mask=kmask[None, :], other=0)
-            x = tl.load(x_ptrs, mask=(ms < M)[:, None] & kmask[None, :], other=0.0)
-        w = w.to(tl.bfloat16)
-        if GROUP == K:
-            acc = tl.dot(x, tl.trans(w), acc)
-        else:
-            scale = tl.load(s_base + k0 // GROUP).to(tl.float32)
-            acc += tl.dot(x, tl.trans(w)) * scale[None, :]
+        x, w = _tensor_core_operands(
+            tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0), tl.load(w_ptrs)
+        )
+        scale = tl.load(s_base + k0 // GROUP).to(tl.float32)
+        acc += tl.dot(x, tl.trans(w)) * scale[None, :]
         w_ptrs += TILE
         x_ptrs += TILE
-    if GROUP == K:
-        acc *= tl.load(s_base).to(tl.float32)[None, :]
     store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
 
 
 @triton.jit
-def _fp8_dot_kernel(
+def _rowwise_dot_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, M, N, stride_xm, stride_wn,
     stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, SWAP: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    """out[:M, rows] = (x @ q[rows].T) * scale[rows] on tensor cores, in fp16: e4m3 values
-    are exact in fp16, x rounds to it (clamped to its range; three more mantissa bits than
-    bf16), and products accumulate in float32. Input rows past M are zeros. SWAP and
-    SPLIT_K as in int4_dot_kernel: the weights on the left of the product, read by the
-    tensor cores from registers; programs that share a tile's inputs (see sum_splits)."""
+    """out[:M, rows] = (x @ q[rows].T) * scale[rows] on tensor cores, for int8 or e4m3 q
+    with a scale per row (_tensor_core_operands), products summed in float32. Input rows
+    past M are zeros. SWAP and SPLIT_K as in int4_dot_kernel: the weights on the left of
+    the product, read by the tensor cores from registers; programs that share a tile's
+    inputs (see sum_splits)."""
     let_next_start(PDL)
     wait_for_inputs(PDL)
     tile = tl.program_id(0)
@@ -327,11 +333,10 @@ def _fp8_dot_kernel(
             x = tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0)
         else:
             kmask = k0 + ks < K
-            w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=kmask[None, :], other=0)
             x = tl.load(x_ptrs, mask=(ms < M)[:, None] & kmask[None, :], other=0.0)
-        x16 = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)  # fp16's range
-        w16 = w.to(tl.float16)
-        acc = tl.dot(w16, tl.trans(x16), acc) if SWAP else tl.dot(x16, tl.trans(w16), acc)
+        x, w = _tensor_core_operands(x, w)
+        acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     acc, last = tile_sum(
@@ -409,9 +414,11 @@ _int4_mma_tuned = _tuned_per_rows(int4_mma_kernel, _INT4_MMA_CONFIGS, key=["N", 
 _int4_gemv_rows_tuned = _tuned_per_rows(
     int4_gemv_rows_kernel, _INT4_GEMV_ROWS_CONFIGS, key=["N", "K", "GROUP"]
 )
-_int8_dot_tuned = _tuned_per_rows(_int8_dot_kernel, _INT8_DOT_CONFIGS, key=["N", "K", "GROUP"])
-_fp8_dot_tuned = _tuned_per_rows(
-    _fp8_dot_kernel, _FP8_DOT_CONFIGS, key=["N", "K"],
+_grouped_dot_tuned = _tuned_per_rows(
+    _grouped_dot_kernel, _GROUPED_DOT_CONFIGS, key=["N", "K", "GROUP"]
+)
+_rowwise_dot_tuned = _tuned_per_rows(
+    _rowwise_dot_kernel, _ROWWISE_DOT_CONFIGS, key=["N", "K"],
     prune_configs_by={"early_config_prune": _split_fits},
 )  # fmt: skip
 
@@ -539,16 +546,33 @@ def _int8_product(
     if _takes_gemv(rows, scales):
         return _gemv(x, q, scales, bias)
     n, k = q.shape
+    if rows <= DOT_MAX_ROWS and scales.shape[1] == 1:
+        return _rowwise_dot(x, q, scales, bias)
     if rows <= DOT_MAX_ROWS:
         x = x.contiguous()
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-        _int8_dot_tuned(rows)[_dot_grid(n)](
+        _grouped_dot_tuned(rows)[_dot_grid(n)](
             x, q, scales, _optional_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
             scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
             HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
         )  # fmt: skip
         return out
     return F.linear(x, widen_scaled(q, scales, x.dtype), bias)
+
+
+def _rowwise_dot(
+    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """int8 or fp8 weights with a scale per row, at up to DOT_MAX_ROWS input rows."""
+    x = x.contiguous()
+    rows, n, k = x.shape[0], q.shape[0], q.shape[1]
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    _rowwise_dot_tuned(rows)[_dot_grid(n)](
+        x, q, scales.contiguous(), _optional_arg(x, bias), out, *split_buffers(x.device), rows,
+        n, x.stride(0), q.stride(0), out.stride(0), K=k, HAS_BIAS=bias is not None,
+        BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
+    )  # fmt: skip
+    return out
 
 
 def _rows_aligned(x: torch.Tensor, alignment: int) -> torch.Tensor:
@@ -650,19 +674,11 @@ def fp8_matmul(
 def _fp8_product(
     x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    n, k = q.shape
     rows = x.shape[0]
     if DOT_MAX_ROWS < rows <= TILED_MAX_ROWS:
         return _in_row_slices(_fp8_product, x, q, scales, bias)
     if _takes_gemv(rows, scales):
         return _gemv(x, q, scales, bias)
     if rows <= DOT_MAX_ROWS:
-        x = x.contiguous()
-        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-        _fp8_dot_tuned(rows)[_dot_grid(n)](
-            x, q, scales, _optional_arg(x, bias), out, *split_buffers(x.device), rows, n,
-            x.stride(0), q.stride(0), out.stride(0), K=k, HAS_BIAS=bias is not None,
-            BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
-        )  # fmt: skip
-        return out
+        return _rowwise_dot(x, q, scales, bias)
     return F.linear(x, widen_scaled(q, scales, x.dtype), bias)

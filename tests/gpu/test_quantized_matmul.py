@@ -256,26 +256,47 @@ def test_every_int4_mma_configuration_matches_and_repeats_bit_for_bit(config, ro
     matches_and_repeats(run, x, int4_on_card(q, module), module.bias)
 
 
-@needs_fp8
-@pytest.mark.parametrize("config", tm._FP8_DOT_CONFIGS, ids=str)
-def test_every_fp8_tile_configuration_matches_and_repeats_bit_for_bit(config):
-    """Each configuration the autotuner may pick, split-K ones included."""
-    n, k, rows = 3000, 3000, 1  # K a multiple of no BLOCK_K: partial steps, unequal splits
-    q, scales = formats.quantize_fp8(weight(n, k))
+@pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=needs_fp8)])
+@pytest.mark.parametrize("config", tm._ROWWISE_DOT_CONFIGS, ids=str)
+def test_every_rowwise_tile_configuration_matches_and_repeats_bit_for_bit(config, fmt):
+    """Each configuration the autotuner may pick for int8 and fp8 with a scale per row,
+    split-K ones included; int8 over every value it can hold, -128 too."""
+    n, k, rows = 3000, 3000, 3  # K a multiple of no BLOCK_K: partial steps, unequal splits
+    if fmt == "int8":
+        q = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=CUDA)
+        scales = torch.rand(n, 1, device=CUDA) * 1e-3
+        reference = formats.dequantize_int8(q, scales)
+    else:
+        q, scales = formats.quantize_fp8(weight(n, k))
+        reference = formats.dequantize_fp8(q, scales)
     bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
     x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
 
     def run() -> torch.Tensor:
         out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
         meta = dict(config.kwargs)
-        tm._fp8_dot_kernel[(triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](
+        tm._rowwise_dot_kernel[(triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](
             x, q, scales, bias, out, *tm.split_buffers(x.device), rows, n, x.stride(0),
             q.stride(0), out.stride(0), K=k, HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta,
             num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(CUDA),
         )  # fmt: skip
         return out
 
-    matches_and_repeats(run, x, formats.dequantize_fp8(q, scales), bias)
+    matches_and_repeats(run, x, reference, bias)
+
+
+@pytest.mark.parametrize("groups", [1, 16])  # a scale a row (rowwise), per 32 (grouped)
+def test_int8_tensor_core_kernels_widen_every_byte_exactly(groups):
+    """One-hot input rows read single weights back: with scales of 1 each output is a q,
+    exact in bf16. Every byte value sits at every position within a word."""
+    n, k, rows = 1024, 512, 16
+    q = ((torch.arange(n)[:, None] + torch.arange(k)[None, :]) % 256 - 128).to(torch.int8)
+    q = q.to(CUDA)
+    columns = torch.tensor([0, 1, 2, 3, 4, 9, 14, 31, 64, 127, 130, 255, 257, 300, 450, 511])
+    x = torch.zeros(rows, k, device=CUDA, dtype=torch.bfloat16)
+    x[torch.arange(rows), columns.to(CUDA)] = 1.0
+    out = tm.int8_matmul(x, q, torch.ones(n, groups, device=CUDA), None)
+    assert torch.equal(out, q[:, columns.to(CUDA)].T.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("n,k", [*SHAPES, (3000, 896)])
