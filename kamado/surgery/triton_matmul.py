@@ -333,7 +333,7 @@ def _rowwise_dot_kernel(
             x = tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0)
         else:
             kmask = k0 + ks < K
-            w = tl.load(w_ptrs, mask=kmask[None, :], other=0)
+            w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)  # cast to int8 or e4m3
             x = tl.load(x_ptrs, mask=(ms < M)[:, None] & kmask[None, :], other=0.0)
         x, w = _tensor_core_operands(x, w)
         acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)

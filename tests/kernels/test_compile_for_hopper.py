@@ -179,12 +179,17 @@ def int8_matmuls() -> None:
     q = torch.zeros(N, K, dtype=torch.int8)
     for rows, groups in itertools.product((1, 8), (1, K // 128)):  # a scale a row, a group
         matmul.int8_matmul(cpu_randn(rows, K), q, torch.ones(N, groups), None)
+    # A K that no tile divides: the tensor-core kernel's masked last step.
+    matmul.int8_matmul(
+        cpu_randn(8, 3000), torch.zeros(N, 3000, dtype=torch.int8), torch.ones(N, 1), None
+    )
 
 
 def fp8_matmuls() -> None:
-    q = torch.zeros(N, K, dtype=torch.float8_e4m3fn)
-    for rows in (1, 8):
-        matmul.fp8_matmul(cpu_randn(rows, K), q, torch.ones(N, 1), cpu_randn(N))
+    for k in (K, 3000):  # 3000: no tile divides it, so the last steps are masked
+        q = torch.zeros(N, k, dtype=torch.float8_e4m3fn)
+        for rows in (1, 8):
+            matmul.fp8_matmul(cpu_randn(rows, k), q, torch.ones(N, 1), cpu_randn(N))
 
 
 def gated_gemvs() -> None:
