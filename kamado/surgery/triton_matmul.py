@@ -516,16 +516,21 @@ def dense_matmul(
     return _silu_mul_if(gated, F.linear(x, weight, bias))
 
 
-def int8_matmul(
+def scaled_matmul(
     x: torch.Tensor,
     q: torch.Tensor,
     scales: torch.Tensor,
     bias: torch.Tensor | None,
     gated: bool = False,
 ) -> torch.Tensor:
+    """int8 weights with a scale per row or per group, or fp8 with a scale per row: every
+    kernel below takes either format, so the choice of kernel is one."""
     if gated and _takes_gemv(x.shape[0], scales) and scales.shape[1] == 1:
         return _gemv(x, q, scales, bias, gated=True)
-    return _silu_mul_if(gated, _int8_product(x, q, scales, bias))
+    return _silu_mul_if(gated, _scaled_product(x, q, scales, bias))
+
+
+int8_matmul = fp8_matmul = scaled_matmul
 
 
 def _in_row_slices(
@@ -537,27 +542,33 @@ def _in_row_slices(
     return torch.cat(slices)
 
 
-def _int8_product(
+def _scaled_product(
     x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     rows = x.shape[0]
     if DOT_MAX_ROWS < rows <= TILED_MAX_ROWS:
-        return _in_row_slices(_int8_product, x, q, scales, bias)
+        return _in_row_slices(_scaled_product, x, q, scales, bias)
     if _takes_gemv(rows, scales):
         return _gemv(x, q, scales, bias)
-    n, k = q.shape
-    if rows <= DOT_MAX_ROWS and scales.shape[1] == 1:
-        return _rowwise_dot(x, q, scales, bias)
     if rows <= DOT_MAX_ROWS:
-        x = x.contiguous()
-        out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-        _grouped_dot_tuned(rows)[_dot_grid(n)](
-            x, q, scales, _optional_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
-            scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
-            HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
-        )  # fmt: skip
-        return out
+        dot = _rowwise_dot if scales.shape[1] == 1 else _grouped_dot
+        return dot(x, q, scales, bias)
     return F.linear(x, widen_scaled(q, scales, x.dtype), bias)
+
+
+def _grouped_dot(
+    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """int8 weights with a scale per group, at up to DOT_MAX_ROWS input rows."""
+    x = x.contiguous()
+    rows, n, k = x.shape[0], q.shape[0], q.shape[1]
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    _grouped_dot_tuned(rows)[_dot_grid(n)](
+        x, q, scales, _optional_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
+        scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
+        HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
+    )  # fmt: skip
+    return out
 
 
 def _rowwise_dot(
@@ -657,28 +668,3 @@ def _int4_product(
         )  # fmt: skip
         return out
     return F.linear(x, widen_int4(words, scale_mins, x.dtype), bias)
-
-
-def fp8_matmul(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    scales: torch.Tensor,
-    bias: torch.Tensor | None,
-    gated: bool = False,
-) -> torch.Tensor:
-    if gated and _takes_gemv(x.shape[0], scales):
-        return _gemv(x, q, scales, bias, gated=True)
-    return _silu_mul_if(gated, _fp8_product(x, q, scales, bias))
-
-
-def _fp8_product(
-    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    rows = x.shape[0]
-    if DOT_MAX_ROWS < rows <= TILED_MAX_ROWS:
-        return _in_row_slices(_fp8_product, x, q, scales, bias)
-    if _takes_gemv(rows, scales):
-        return _gemv(x, q, scales, bias)
-    if rows <= DOT_MAX_ROWS:
-        return _rowwise_dot(x, q, scales, bias)
-    return F.linear(x, widen_scaled(q, scales, x.dtype), bias)
