@@ -1,9 +1,9 @@
 """Bytes per second of the CUDA tensor-core matmuls over compressed weights
-(triton_matmul.int4_dot_kernel and _rowwise_dot_kernel) for each tile configuration, at
+(triton_matmul.int4_dot_kernel and _scaled_dot_kernel) for each tile configuration, at
 Qwen3-8B's projection shapes and the output head: what the autotuner chooses among, so
 the list it gets can be the configurations that win somewhere.
 
-    python scripts/dot_sweep.py [ROWS [FORMAT ...]]    (FORMAT: int4, fp8, int8)
+    python scripts/dot_sweep.py [ROWS [FORMAT ...]]    (FORMAT: int4, fp8, int8, int8-g32)
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ INT4_CONFIGS = [
     (32, 2, False, 4, 3, 8), (16, 4, False, 4, 3, 4), (16, 4, False, 4, 3, 8),
     (16, 2, False, 4, 3, 8), (64, 4, True, 4, 2, 8), (32, 4, True, 4, 3, 8),
 ]  # fmt: skip
-# fp8 and int8 (a scale per row): (BLOCK_N, BLOCK_K, SWAP, num_warps, num_stages, SPLIT_K)
-ROWWISE_CONFIGS = [
+# fp8 and int8, a scale per row or per group:
+# (BLOCK_N, BLOCK_K, SWAP, num_warps, num_stages, SPLIT_K)
+SCALED_CONFIGS = [
     (64, 256, False, 4, 3, 1), (128, 256, False, 4, 3, 1), (64, 256, False, 4, 4, 4),
     (64, 256, False, 4, 3, 8), (128, 128, False, 4, 4, 8), (64, 256, True, 4, 3, 1),
     (64, 512, True, 4, 3, 1), (128, 256, True, 4, 3, 1), (128, 256, True, 8, 3, 1),
@@ -61,16 +62,17 @@ def int4_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[...
     return call
 
 
-def rowwise_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[..., None]:
+def scaled_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[..., None]:
     bn, bk, swap, warps, stages, split = config
     n, rows, k = out.shape[1], x.shape[0], x.shape[1]
 
     def call(q: torch.Tensor, scales: torch.Tensor) -> None:
-        tm._rowwise_dot_kernel[(triton.cdiv(n, bn), split)](
+        scales = scales.view(n, -1)  # fp8's are [n]
+        tm._scaled_dot_kernel[(triton.cdiv(n, bn), split)](
             x, q, scales, x, out, *tm.split_buffers(x.device), rows, n, x.stride(0),
-            q.stride(0), out.stride(0), K=k, HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk,
-            BLOCK_M=16, SWAP=swap, SPLIT_K=split, num_warps=warps, num_stages=stages,
-            **launch_options(x.device),
+            q.stride(0), scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
+            HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=16, SWAP=swap, SPLIT_K=split,
+            num_warps=warps, num_stages=stages, **launch_options(x.device),
         )  # fmt: skip
 
     return call
@@ -78,8 +80,9 @@ def rowwise_call(config: tuple, x: torch.Tensor, out: torch.Tensor) -> Callable[
 
 SWEPT = {  # format: (its tensors from a bf16 weight, a launch per config, the configs)
     "int4": (int4_weights, int4_call, INT4_CONFIGS),
-    "fp8": (formats.quantize_fp8, rowwise_call, ROWWISE_CONFIGS),
-    "int8": (formats.quantize_int8, rowwise_call, ROWWISE_CONFIGS),
+    "fp8": (formats.quantize_fp8, scaled_call, SCALED_CONFIGS),
+    "int8": (formats.quantize_int8, scaled_call, SCALED_CONFIGS),
+    "int8-g32": (lambda w: formats.quantize_int8(w, 32), scaled_call, SCALED_CONFIGS),  # GGUF's
 }
 
 

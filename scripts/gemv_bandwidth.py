@@ -80,10 +80,12 @@ class TorchInt4(torch.nn.Module):
 
 
 def format_makers(w: torch.Tensor) -> list[Callable[[], torch.nn.Module]]:
-    """bf16, int8, fp8 and int4 (group 128; ours, then torch's) linears of w, each call a
+    """bf16, int8 (a scale per row), fp8, int4 (group 128; ours, then torch's), and int8 and
+    int4 in groups of 32 (as GGUF's Q8_0 and 4-bit types load) linears of w, each call a
     fresh copy."""
     n, k = w.shape
     int8, fp8, int4 = formats.quantize_int8(w), formats.quantize_fp8(w), formats.quantize_int4(w)
+    int8_g32, int4_g32 = formats.quantize_int8(w, 32), formats.quantize_int4(w, 32)
 
     def bf16() -> torch.nn.Module:
         linear = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
@@ -96,6 +98,8 @@ def format_makers(w: torch.Tensor) -> list[Callable[[], torch.nn.Module]]:
         lambda: Fp8Linear(fp8[0].clone(), fp8[1], None),
         lambda: Int4Linear(int4[0], int4[1], int4[2], None),
         lambda: TorchInt4(*int4),
+        lambda: Int8Linear(int8_g32[0].clone(), int8_g32[1], None),
+        lambda: Int4Linear(int4_g32[0], int4_g32[1], int4_g32[2], None),
     ]
 
 
@@ -112,13 +116,14 @@ def main() -> None:
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; input rows {rows}; TILED_MAX_ROWS "
         f"{tm.TILED_MAX_ROWS}; TB/s of weight bytes"
     )
-    print(f"{'shape':>14s} {'bf16':>6s} {'int8':>6s} {'fp8':>6s} {'int4':>6s} {'torch4':>6s}")
+    columns = ["bf16", "int8", "fp8", "int4", "torch4", "int8g32", "int4g32"]
+    print(f"{'shape':>14s} " + " ".join(f"{c:>7s}" for c in columns))
     models = [args.model] if args.model else list(SHAPES)
     for n, k in [shape for model in models for shape in SHAPES[model]]:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         cells = [bytes_per_second(make, x) for make in format_makers(w)]
-        print(f"{n:>7d}x{k:<6d} " + " ".join(f"{c / 1e12:6.2f}" for c in cells), flush=True)
+        print(f"{n:>7d}x{k:<6d} " + " ".join(f"{c / 1e12:7.2f}" for c in cells), flush=True)
         torch.cuda.empty_cache()
 
 

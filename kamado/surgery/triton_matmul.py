@@ -13,8 +13,8 @@ Decode reads every weight once per token, so its matmuls are bound by the bytes 
 - int4 weights beyond those, and int8 and fp8 from three rows, up to DOT_MAX_ROWS, go
   through tensor cores on tiles: each program widens its tile in registers (by bit
   tricks, not the int-to-float instruction, which Hopper issues at an eighth of the FMA
-  rate) and reads it once for all input rows. int8 and fp8 with a scale per row share
-  one kernel, its tiles and their split of K.
+  rate) and reads it once for all input rows. int8 and fp8, with a scale per row or (int8,
+  as GGUF's Q8_0 loads) per group, share one kernel, its tiles and their split of K.
 - From DOT_MAX_ROWS up to TILED_MAX_ROWS rows (many agents decoding, or speculation's
   verify steps) the tile kernels run the rows in slices of DOT_MAX_ROWS: each slice reads
   the compressed weight again, and two slices still beat widening it.
@@ -126,11 +126,8 @@ _INT4_MMA_CONFIGS = [
 ]
 SPLIT_MAX_OUT = 16384  # output rows up to which an int4 matmul may split its inputs
 _SPLIT_MAX = 8  # the most SPLIT_K above
-_GROUPED_DOT_CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
-    for bn, bk, w, st in [(16, 256, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 3)]
-]  # fmt: skip
-_ROWWISE_DOT_CONFIGS = [
+# int8 and fp8 on tensor cores (_scaled_dot_kernel), a scale per row or per group alike.
+_SCALED_DOT_CONFIGS = [
     triton.Config(
         {"BLOCK_N": bn, "BLOCK_K": bk, "SWAP": swap, "SPLIT_K": split},
         num_warps=w, num_stages=st,
@@ -272,48 +269,20 @@ def _tensor_core_operands(x, w):
 
 
 @triton.jit
-def _grouped_dot_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om,
-    K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """out[:M, rows] = x @ (q * scale)[rows].T on tensor cores, for int8 q with a scale per
-    group (K a multiple of GROUP): q exact in bf16, products summed in float32 and each
-    group's sum scaled once. Input rows past M are zeros."""
-    let_next_start(PDL)
-    wait_for_inputs(PDL)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
-    ms = tl.arange(0, BLOCK_M)
-    TILE: tl.constexpr = BLOCK_K if GROUP > BLOCK_K else GROUP
-    ks = tl.arange(0, TILE)
-    w_ptrs = w_ptr + rows64[:, None] * stride_wn + ks[None, :]
-    x_ptrs = x_ptr + ms[:, None] * stride_xm + ks[None, :]
-    s_base = s_ptr + rows64 * stride_sn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, TILE):
-        x, w = _tensor_core_operands(
-            tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0), tl.load(w_ptrs)
-        )
-        scale = tl.load(s_base + k0 // GROUP).to(tl.float32)
-        acc += tl.dot(x, tl.trans(w)) * scale[None, :]
-        w_ptrs += TILE
-        x_ptrs += TILE
-    store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
-
-
-@triton.jit
-def _rowwise_dot_kernel(
+def _scaled_dot_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, M, N, stride_xm, stride_wn,
-    stride_om, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, SWAP: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr,
+    stride_sn, stride_om, K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, SWAP: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """out[:M, rows] = (x @ q[rows].T) * scale[rows] on tensor cores, for int8 or e4m3 q
-    with a scale per row (_tensor_core_operands), products summed in float32. Input rows
-    past M are zeros. SWAP and SPLIT_K as in int4_dot_kernel: the weights on the left of
-    the product, read by the tensor cores from registers; programs that share a tile's
-    inputs (see sum_splits)."""
+    """out[:M, rows] = x @ (q * scale)[rows].T on tensor cores, for int8 or e4m3 q with a
+    scale per row (GROUP = K), or int8 with a scale per GROUP inputs (K a multiple of it):
+    q exact in the operands' dtype (_tensor_core_operands), products summed in float32.
+    A row's scale multiplies its sum once, at the end; a group's multiplies that group's
+    product, each step's BLOCK_K // GROUP groups unrolled so that their loads are in flight
+    together. Input rows past M are zeros. SWAP and SPLIT_K as in int4_dot_kernel: the
+    weights on the left of the product, read by the tensor cores from registers; programs
+    that share a tile's inputs (see sum_splits)."""
     let_next_start(PDL)
     wait_for_inputs(PDL)
     tile = tl.program_id(0)
@@ -321,29 +290,43 @@ def _rowwise_dot_kernel(
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64 = tl.minimum(rows, N - 1).to(tl.int64)
     ms = tl.arange(0, BLOCK_M)
-    ks = tl.arange(0, BLOCK_K)
+    GROUPED: tl.constexpr = GROUP < K
+    TILE: tl.constexpr = GROUP if GROUPED and GROUP < BLOCK_K else BLOCK_K  # one product's K
+    ks = tl.arange(0, TILE)
     K_SPLIT: tl.constexpr = (K + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K) * BLOCK_K
     first = split * K_SPLIT
+    end = tl.minimum(first + K_SPLIT, K)
     w_ptrs = w_ptr + rows64[:, None] * stride_wn + first + ks[None, :]
     x_ptrs = x_ptr + ms[:, None] * stride_xm + first + ks[None, :]
+    s_row = s_ptr + rows64 * stride_sn
     acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP else [BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(first, tl.minimum(first + K_SPLIT, K), BLOCK_K):
-        if K % BLOCK_K == 0:
-            w = tl.load(w_ptrs)
-            x = tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0)
-        else:
-            kmask = k0 + ks < K
-            w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)  # cast to int8 or e4m3
-            x = tl.load(x_ptrs, mask=(ms < M)[:, None] & kmask[None, :], other=0.0)
-        x, w = _tensor_core_operands(x, w)
-        acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
+    for k0 in range(first, end, BLOCK_K):
+        for j in tl.static_range(BLOCK_K // TILE):
+            if K % BLOCK_K == 0:
+                w = tl.load(w_ptrs)
+                x = tl.load(x_ptrs, mask=(ms < M)[:, None], other=0.0)
+            else:  # a last, partial step
+                kmask = k0 + j * TILE + ks < end
+                w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)  # cast to int8 or e4m3
+                x = tl.load(x_ptrs, mask=(ms < M)[:, None] & kmask[None, :], other=0.0)
+            x, w = _tensor_core_operands(x, w)
+            if GROUPED:
+                at = tl.minimum(k0 + j * TILE, K - 1) // GROUP  # past K: a product of zeros
+                scale = tl.load(s_row + at).to(tl.float32)
+                if SWAP:
+                    acc += tl.dot(w, tl.trans(x)) * scale[:, None]
+                else:
+                    acc += tl.dot(x, tl.trans(w)) * scale[None, :]
+            else:
+                acc = tl.dot(w, tl.trans(x), acc) if SWAP else tl.dot(x, tl.trans(w), acc)
+            w_ptrs += TILE
+            x_ptrs += TILE
     acc, last = tile_sum(
         acc, ms, partial_ptr, arrived_ptr, tile, split, BLOCK_N, BLOCK_M, SWAP, SPLIT_K
     )
     if last:
-        acc *= tl.load(s_ptr + rows64).to(tl.float32)[None, :]
+        if not GROUPED:
+            acc *= tl.load(s_row).to(tl.float32)[None, :]
         store_tile(acc, b_ptr, out_ptr, ms, rows, rows64, M, N, stride_om, HAS_BIAS)
 
 
@@ -414,11 +397,8 @@ _int4_mma_tuned = _tuned_per_rows(int4_mma_kernel, _INT4_MMA_CONFIGS, key=["N", 
 _int4_gemv_rows_tuned = _tuned_per_rows(
     int4_gemv_rows_kernel, _INT4_GEMV_ROWS_CONFIGS, key=["N", "K", "GROUP"]
 )
-_grouped_dot_tuned = _tuned_per_rows(
-    _grouped_dot_kernel, _GROUPED_DOT_CONFIGS, key=["N", "K", "GROUP"]
-)
-_rowwise_dot_tuned = _tuned_per_rows(
-    _rowwise_dot_kernel, _ROWWISE_DOT_CONFIGS, key=["N", "K"],
+_scaled_dot_tuned = _tuned_per_rows(
+    _scaled_dot_kernel, _SCALED_DOT_CONFIGS, key=["N", "K", "GROUP"],
     prune_configs_by={"early_config_prune": _split_fits},
 )  # fmt: skip
 
@@ -551,37 +531,23 @@ def _scaled_product(
     if _takes_gemv(rows, scales):
         return _gemv(x, q, scales, bias)
     if rows <= DOT_MAX_ROWS:
-        dot = _rowwise_dot if scales.shape[1] == 1 else _grouped_dot
-        return dot(x, q, scales, bias)
+        return _scaled_dot(x, q, scales, bias)
     return F.linear(x, widen_scaled(q, scales, x.dtype), bias)
 
 
-def _grouped_dot(
+def _scaled_dot(
     x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """int8 weights with a scale per group, at up to DOT_MAX_ROWS input rows."""
+    """int8 or fp8 weights with a scale per row or per group, at up to DOT_MAX_ROWS input
+    rows."""
     x = x.contiguous()
     rows, n, k = x.shape[0], q.shape[0], q.shape[1]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _grouped_dot_tuned(rows)[_dot_grid(n)](
-        x, q, scales, _optional_arg(x, bias), out, rows, n, x.stride(0), q.stride(0),
-        scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
-        HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
-    )  # fmt: skip
-    return out
-
-
-def _rowwise_dot(
-    x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """int8 or fp8 weights with a scale per row, at up to DOT_MAX_ROWS input rows."""
-    x = x.contiguous()
-    rows, n, k = x.shape[0], q.shape[0], q.shape[1]
-    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _rowwise_dot_tuned(rows)[_dot_grid(n)](
-        x, q, scales.contiguous(), _optional_arg(x, bias), out, *split_buffers(x.device), rows,
-        n, x.stride(0), q.stride(0), out.stride(0), K=k, HAS_BIAS=bias is not None,
-        BLOCK_M=DOT_MAX_ROWS, **launch_options(x.device),
+    _scaled_dot_tuned(rows)[_dot_grid(n)](
+        x, q, scales, _optional_arg(x, bias), out, *split_buffers(x.device), rows, n,
+        x.stride(0), q.stride(0), scales.stride(0), out.stride(0), K=k,
+        GROUP=k // scales.shape[1], HAS_BIAS=bias is not None, BLOCK_M=DOT_MAX_ROWS,
+        **launch_options(x.device),
     )  # fmt: skip
     return out
 

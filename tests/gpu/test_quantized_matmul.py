@@ -256,29 +256,33 @@ def test_every_int4_mma_configuration_matches_and_repeats_bit_for_bit(config, ro
     matches_and_repeats(run, x, int4_on_card(q, module), module.bias)
 
 
-@pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=needs_fp8)])
-@pytest.mark.parametrize("config", tm._ROWWISE_DOT_CONFIGS, ids=str)
-def test_every_rowwise_tile_configuration_matches_and_repeats_bit_for_bit(config, fmt):
-    """Each configuration the autotuner may pick for int8 and fp8 with a scale per row,
-    split-K ones included; int8 over every value it can hold, -128 too."""
-    n, k, rows = 3000, 3000, 3  # K a multiple of no BLOCK_K: partial steps, unequal splits
-    if fmt == "int8":
-        q = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=CUDA)
-        scales = torch.rand(n, 1, device=CUDA) * 1e-3
-        reference = formats.dequantize_int8(q, scales)
-    else:
+@pytest.mark.parametrize("fmt", ["int8", "int8-g32", pytest.param("fp8", marks=needs_fp8)])
+@pytest.mark.parametrize("config", tm._SCALED_DOT_CONFIGS, ids=str)
+def test_every_scaled_tile_configuration_matches_and_repeats_bit_for_bit(config, fmt):
+    """Each configuration the autotuner may pick for int8 and fp8 with a scale per row and
+    int8 with a scale per 32 inputs, split-K ones included; int8 over every value it can
+    hold, -128 too."""
+    n, rows = 3000, 3
+    k = 3008 if fmt == "int8-g32" else 3000  # a multiple of no BLOCK_K: partial steps
+    if fmt == "fp8":
         q, scales = formats.quantize_fp8(weight(n, k))
         reference = formats.dequantize_fp8(q, scales)
+        scales = scales.view(n, 1)
+    else:
+        q = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=CUDA)
+        scales = torch.rand(n, k // 32 if fmt == "int8-g32" else 1, device=CUDA) * 1e-3
+        reference = formats.dequantize_int8(q, scales)
     bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
     x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
 
     def run() -> torch.Tensor:
         out = torch.empty(rows, n, device=CUDA, dtype=torch.bfloat16)
         meta = dict(config.kwargs)
-        tm._rowwise_dot_kernel[(triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](
+        tm._scaled_dot_kernel[(triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])](
             x, q, scales, bias, out, *tm.split_buffers(x.device), rows, n, x.stride(0),
-            q.stride(0), out.stride(0), K=k, HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta,
-            num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(CUDA),
+            q.stride(0), scales.stride(0), out.stride(0), K=k, GROUP=k // scales.shape[1],
+            HAS_BIAS=True, BLOCK_M=tm.DOT_MAX_ROWS, **meta, num_warps=config.num_warps,
+            num_stages=config.num_stages, **launch_options(CUDA),
         )  # fmt: skip
         return out
 

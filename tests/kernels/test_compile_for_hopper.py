@@ -177,12 +177,14 @@ def dense_gemv() -> None:
 
 def int8_matmuls() -> None:
     q = torch.zeros(N, K, dtype=torch.int8)
-    for rows, groups in itertools.product((1, 8), (1, K // 128)):  # a scale a row, a group
+    # A scale a row, per group of 128, per group of 32 (GGUF's)
+    for rows, groups in itertools.product((1, 8), (1, K // 128, K // 32)):
         matmul.int8_matmul(cpu_randn(rows, K), q, torch.ones(N, groups), None)
-    # A K that no tile divides: the tensor-core kernel's masked last step.
-    matmul.int8_matmul(
-        cpu_randn(8, 3000), torch.zeros(N, 3000, dtype=torch.int8), torch.ones(N, 1), None
-    )
+    # A K that no tile divides: the tensor-core kernel's masked last steps, a scale a row
+    # and per group of 32.
+    for k, groups in ((3000, 1), (3008, 3008 // 32)):
+        q = torch.zeros(N, k, dtype=torch.int8)
+        matmul.int8_matmul(cpu_randn(8, k), q, torch.ones(N, groups), None)
 
 
 def fp8_matmuls() -> None:
