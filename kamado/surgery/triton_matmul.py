@@ -540,7 +540,7 @@ def _scaled_dot(
 ) -> torch.Tensor:
     """int8 or fp8 weights with a scale per row or per group, at up to DOT_MAX_ROWS input
     rows."""
-    x = x.contiguous()
+    x, scales = x.contiguous(), scales.contiguous()  # a row's group scales side by side
     rows, n, k = x.shape[0], q.shape[0], q.shape[1]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     _scaled_dot_tuned(rows)[_dot_grid(n)](
