@@ -54,8 +54,10 @@ def _configs(case: str) -> list:
     from kamado.surgery import triton_matmul as tm
 
     kernel, _, _, _, gated = CASES[case]
-    configs = {"dot": tm._SCALED_DOT_CONFIGS, "gemv": tm._CONFIGS}.get(kernel, tm._GROUPED_CONFIGS)
-    return [c for c in configs if not gated or c.kwargs["SPLIT_K"] == 1]  # as _split_fits
+    if kernel == "grouped gemv":
+        return tm._GROUPED_CONFIGS
+    configs = tm._SCALED_DOT_CONFIGS if kernel == "dot" else tm._CONFIGS
+    return tm._split_fits(configs, {"N": N}, GATED=gated)  # those its autotuner keeps
 
 
 def _index_from_one_element() -> None:
