@@ -107,7 +107,7 @@ def int4_mma_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.T
     def call(words: torch.Tensor, scale_mins: torch.Tensor) -> None:
         int4_tensor_cores.int4_mma_kernel[(triton.cdiv(n, 16),)](
             x, words, scale_mins, x, out, rows, n, x.stride(0), words.stride(0),
-            scale_mins.stride(0), out.stride(0), K=k, HAS_BIAS=False, WARPS=warps,
+            scale_mins.stride(0), out.stride(0), K=k, GROUP=128, HAS_BIAS=False, WARPS=warps,
             STAGES=stages, num_warps=warps, **options,
         )  # fmt: skip
 

@@ -11,22 +11,28 @@ import triton.language as tl
 from kamado.pdl import let_next_start, wait_for_inputs
 from kamado.surgery.kernel_epilogues import store_tile, tile_sum
 
+BF16_ONES = tl.constexpr(0x3F803F80)  # a bf16 pair of 1.0
+
+
+def _nibble_pair_lines(word: str, t: int, pair: str) -> list[str]:
+    """PTX setting `pair` to nibbles t and t + 4 of `word` (where formats.pack_int4 puts
+    the word's elements 2t and 2t + 1) as a bf16 pair of 128 + q, exactly: shifted right
+    4t, masked and ORed into 0x4300 (bf16's 128.0, whose low mantissa bits are zero).
+    Needs a .reg .b32 t."""
+    lines = [f"shr.u32 t, {word}, {4 * t};"] if t else []
+    return [*lines, f"lop3.b32 {pair}, {'t' if t else word}, 0x000F000F, 0x43004300, 0xea;"]
+
 
 def _int4_word_as_bf16_asm(word: str, scale: str, low: str) -> str:
     """PTX taking one word and its group's scale and min, giving the word's eight weights
-    as four bf16 pairs. Pair t is nibbles t and t + 4 (where formats.pack_int4 puts the
-    word's elements 2t and 2t + 1): shifted right 4t, masked and ORed into 0x4300 (bf16's
-    128.0, whose low mantissa bits are zero) it reads 128 + q exactly; less 128 it is q,
-    and one fma makes q * scale + min, rounded once to bf16. `word` names the word's
-    operand, `scale` and `low` those of the scale and min, each a bf16 pair; $0..$3 are
-    the pairs out."""
-    lines = ["{", ".reg .b32 t, q, one, low;", "mov.b32 one, 0x3F803F80;"]
+    as four bf16 pairs: 128 + q (_nibble_pair_lines) less 128 is q, and one fma makes
+    q * scale + min, rounded once to bf16. `word` names the word's operand, `scale` and
+    `low` those of the scale and min, each a bf16 pair; $0..$3 are the pairs out."""
+    lines = ["{", ".reg .b32 t, q, one, low;", f"mov.b32 one, {BF16_ONES.value:#x};"]
     lines.append("mov.b32 low, 0xC300C300;")
     for t in range(4):
-        if t:
-            lines.append(f"shr.u32 t, {word}, {4 * t};")
         lines += [
-            f"lop3.b32 q, {'t' if t else word}, 0x000F000F, 0x43004300, 0xea;",
+            *_nibble_pair_lines(word, t, "q"),
             "fma.rn.bf16x2 q, q, one, low;",
             f"fma.rn.bf16x2 ${t}, q, {scale}, {low};",
         ]
@@ -36,8 +42,11 @@ def _int4_word_as_bf16_asm(word: str, scale: str, low: str) -> str:
 # In _int4_weights each operand comes eight times (pack=8): the first copy of each.
 _INT4_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm("$4", "$12", "$16"))
 
-
 _INT4_ONE_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm("$4", "$5", "$6"))
+
+# One word ($4) as four bf16 pairs of 128 + q ($0..$3), no arithmetic.
+_PAIRS = [line for t in range(4) for line in _nibble_pair_lines("$4", t, f"${t}")]
+_INT4_WORD_AS_128_PLUS_Q = tl.constexpr("\n".join(["", "{", ".reg .b32 t;", *_PAIRS, "}", ""]))
 
 
 # D = A @ B + C on a warp's tensor cores: A 16 x 16 bf16 (four bf16 pairs a thread), B
@@ -97,6 +106,15 @@ def _bf16_pairs(word, sm):
 
 
 @triton.jit
+def _pairs_128_plus_q(word):
+    """A word's eight weights as four bf16 pairs of 128 + q (_INT4_WORD_AS_128_PLUS_Q)."""
+    return tl.inline_asm_elementwise(
+        _INT4_WORD_AS_128_PLUS_Q, "=r,=r,=r,=r,r", [word],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
 def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return tl.inline_asm_elementwise(
         _MMA_16X8X16, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
@@ -128,110 +146,148 @@ def _four_words(address):
 
 
 @triton.jit
-def _weight_loads(w_lo, w_hi, sm_lo, sm_hi, group, NUM_GROUPS: tl.constexpr):
-    """What int4_mma_kernel's threads use of one group's weights (`group`, [threads],
-    clamped to the last one: what lies past it is multiplied by zeros): their four words
-    of each of the two weight rows, and the rows' scale and min. w_lo and w_hi are byte
-    addresses of group 0's words."""
-    at = tl.minimum(group, NUM_GROUPS - 1)
+def _weight_loads(w_lo, w_hi, sm_lo, sm_hi, block, BLOCKS: tl.constexpr, GROUP: tl.constexpr):
+    """What int4_mma_kernel's threads use of one block of 128 inputs (`block`, [threads],
+    clamped to the last one: what lies past it adds nothing): their four words of each of
+    the two weight rows, and the scale and min of those words' group in each row. w_lo
+    and w_hi are byte addresses of block 0's words, sm_lo and sm_hi of its scales."""
+    at = tl.minimum(block, BLOCKS - 1)
     return (
         _four_words(w_lo + at * 64), _four_words(w_hi + at * 64),
-        tl.load(sm_lo + at), tl.load(sm_hi + at),
+        tl.load(sm_lo + at * (128 // GROUP)), tl.load(sm_hi + at * (128 // GROUP)),
     )  # fmt: skip
 
 
 @triton.jit
-def _input_loads(x_pairs, group, NUM_GROUPS: tl.constexpr):
-    """For each of a thread's words of `group` (clamped as in _weight_loads), the four
+def _input_loads(x_pairs, block, BLOCKS: tl.constexpr, GROUP: tl.constexpr):
+    """For each of a thread's words of `block` (clamped as in _weight_loads), the four
     input pairs its four weight pairs multiply: four loads of four words, the first for
-    every word's pair 0. x_pairs is the byte address of group 0's."""
-    at = tl.minimum(group, NUM_GROUPS - 1)
-    first = x_pairs + at * 256
+    every word's pair 0, each next a quarter group on. x_pairs is the byte address of
+    block 0's."""
+    first = x_pairs + tl.minimum(block, BLOCKS - 1) * 256
+    quarter: tl.constexpr = GROUP // 2  # bytes of a quarter group's bf16 inputs
     return (
-        _four_words(first), _four_words(first + 64), _four_words(first + 128),
-        _four_words(first + 192),
+        _four_words(first), _four_words(first + quarter), _four_words(first + 2 * quarter),
+        _four_words(first + 3 * quarter),
     )  # fmt: skip
 
 
 @triton.jit
-def _word_mmas(c, w_lo, w_hi, s_lo, s_hi, xa, xb, xc, xd, real):
-    """A word of each of the two weight rows times its inputs, added to the sums c (a
-    thread's four D values): two MMAs, the first for the words' pairs 0 and 1, the second
-    for 2 and 3."""
-    lo0, lo1, lo2, lo3 = _bf16_pairs(w_lo, s_lo)
-    hi0, hi1, hi2, hi3 = _bf16_pairs(w_hi, s_hi)
-    c0, c1, c2, c3 = _mma(
-        lo0, hi0, lo1, hi1, tl.where(real, xa, 0), tl.where(real, xb, 0), c[0], c[1], c[2], c[3]
-    )
-    return _mma(lo2, hi2, lo3, hi3, tl.where(real, xc, 0), tl.where(real, xd, 0), c0, c1, c2, c3)
+def _mmas_scaled_after(c, weights, inputs, in_k):
+    """A block's four words of each weight row (_weight_loads) times their inputs
+    (_input_loads), added to the sums c (a thread's four D values), for groups of 128
+    (the block is one group); nothing for a block past K (in_k False).
+
+    The tensor cores multiply 128 + q, which the bit trick gives with no arithmetic
+    (exact in bf16, products summed in float32), and sum the group's inputs (an A of
+    ones). Then (q * scale + min) . x = scale * ((128 + q) . x) + (min - 128 scale) *
+    sum(x), in float32 once a group: per word two MMAs for the products (pairs 0 and 1,
+    then 2 and 3) and two for the sums."""
+    w_lo, w_hi, sm_lo, sm_hi = weights
+    z = tl.zeros_like(c[0])
+    d0, d1, d2, d3 = z, z, z, z
+    e0, e1, e2, e3 = z, z, z, z
+    ones = tl.full(z.shape, BF16_ONES, tl.int32)
+    for j in tl.static_range(4):
+        lo0, lo1, lo2, lo3 = _pairs_128_plus_q(w_lo[j])
+        hi0, hi1, hi2, hi3 = _pairs_128_plus_q(w_hi[j])
+        xa, xb, xc, xd = inputs[0][j], inputs[1][j], inputs[2][j], inputs[3][j]
+        d0, d1, d2, d3 = _mma(lo0, hi0, lo1, hi1, xa, xb, d0, d1, d2, d3)
+        d0, d1, d2, d3 = _mma(lo2, hi2, lo3, hi3, xc, xd, d0, d1, d2, d3)
+        e0, e1, e2, e3 = _mma(ones, ones, ones, ones, xa, xb, e0, e1, e2, e3)
+        e0, e1, e2, e3 = _mma(ones, ones, ones, ones, xc, xd, e0, e1, e2, e3)
+    sm_lo = tl.where(in_k, sm_lo, 0)  # scale and min in one int32, the scale low
+    sm_hi = tl.where(in_k, sm_hi, 0)
+    scale_lo = (sm_lo << 16).to(tl.float32, bitcast=True)
+    scale_hi = (sm_hi << 16).to(tl.float32, bitcast=True)
+    off_lo = (sm_lo & -65536).to(tl.float32, bitcast=True) - 128.0 * scale_lo
+    off_hi = (sm_hi & -65536).to(tl.float32, bitcast=True) - 128.0 * scale_hi
+    return (
+        c[0] + scale_lo * d0 + off_lo * e0, c[1] + scale_lo * d1 + off_lo * e1,
+        c[2] + scale_hi * d2 + off_hi * e2, c[3] + scale_hi * d3 + off_hi * e3,
+    )  # fmt: skip
 
 
 @triton.jit
-def _group_mmas(c, weights, inputs, real):
-    """One group's four words of each weight row (_weight_loads) times their inputs
-    (_input_loads), added to the sums c."""
-    w_lo, w_hi, s_lo, s_hi = weights
+def _mmas_scaled_before(c, weights, inputs, in_k):
+    """As _mmas_scaled_after, for groups smaller than the block: an MMA's 16 inputs then
+    span several groups (a thread's words are one group, its neighbours' others), so each
+    word is made q * scale + min in bf16 (_bf16_pairs) before the tensor cores multiply
+    it. A block past K multiplies zeros."""
+    w_lo, w_hi, sm_lo, sm_hi = weights
     for j in tl.static_range(4):
-        c = _word_mmas(
-            c, w_lo[j], w_hi[j], s_lo, s_hi, inputs[0][j], inputs[1][j], inputs[2][j],
-            inputs[3][j], real,
-        )  # fmt: skip
+        lo0, lo1, lo2, lo3 = _bf16_pairs(w_lo[j], sm_lo)
+        hi0, hi1, hi2, hi3 = _bf16_pairs(w_hi[j], sm_hi)
+        xa, xb = tl.where(in_k, inputs[0][j], 0), tl.where(in_k, inputs[1][j], 0)
+        xc, xd = tl.where(in_k, inputs[2][j], 0), tl.where(in_k, inputs[3][j], 0)
+        c = _mma(lo0, hi0, lo1, hi1, xa, xb, c[0], c[1], c[2], c[3])
+        c = _mma(lo2, hi2, lo3, hi3, xc, xd, c[0], c[1], c[2], c[3])
     return c
 
 
 @triton.jit
 def int4_mma_kernel(
     x_ptr, w_ptr, sm_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_om,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, WARPS: tl.constexpr, STAGES: tl.constexpr,
-    PDL: tl.constexpr,
+    K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, WARPS: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """out[:M, rows] = x @ w[rows].T for up to 8 bf16 input rows, groups of 128, on the
-    tensor cores through mma.sync: w = q * scale + min made in bf16 in registers (the
-    bf16 weights the wider path multiplies too), products summed in float32. x's rows
-    start 16-byte aligned.
+    """out[:M, rows] = x @ w[rows].T for up to 8 bf16 input rows on the tensor cores
+    through mma.sync, K a multiple of 128, groups of 32, 64 or 128. In groups of 128 they
+    multiply 128 + q by the inputs and scale and min apply once a group in float32
+    (_mmas_scaled_after); smaller groups make each weight q * scale + min in bf16 first
+    (_mmas_scaled_before). x's rows start 16-byte aligned.
 
     Each program has 16 weight rows, one MMA tile's, and its WARPS warps take turns over
-    the groups. Each warp keeps the weights of its next STAGES groups loading while it
-    multiplies one, and loads its first STAGES before waiting for x (kamado.pdl). A small
-    matrix is a few groups a warp; at four rows on the H200, four stages read 4096x4096
-    and 4096x12288 15-20% faster than one (scripts/gemv_sweep.py 4 int4-mma). Tensors
-    here are one value a thread ([32 * WARPS], thread i holding value i), so each thread
-    holds what the PTX fragments give it: lane l = 4 g + t holds words 4t .. 4t + 3 of
-    each group's 16 in weight rows g and g + 8, as A, and of input row g the inputs those
-    words multiply, as B. A word's pairs p = 0..3 multiply inputs 32 p + 2j
-    (formats.pack_int4), so each word fills the same A fragment columns of two MMAs, and B
-    needs no reordering: the bf16 pairs load as they lie. Input rows past M are zeros."""
+    blocks of 128 inputs. Each warp keeps the weights of its next STAGES blocks loading
+    while it multiplies one, and loads its first STAGES before waiting for x
+    (kamado.pdl). A small matrix is a few blocks a warp; at four rows on the H200, four
+    stages read 4096x4096 and 4096x12288 15-20% faster than one (scripts/gemv_sweep.py 4
+    int4-mma). Tensors here are one value a thread ([32 * WARPS], thread i holding value
+    i), so each thread holds what the PTX fragments give it: lane l = 4 g + t holds words
+    4t .. 4t + 3 of each block's 16 in weight rows g and g + 8, as A, and of input row g
+    the inputs those words multiply, as B. A group's word j has pairs p = 0..3 that
+    multiply its inputs p * GROUP / 4 + 2j (formats.pack_int4), so each word fills the
+    same A fragment columns of two MMAs, and B needs no reordering: the bf16 pairs load
+    as they lie. Input rows past M repeat row M - 1 (their outputs are not stored)."""
     let_next_start(PDL)
-    NUM_GROUPS: tl.constexpr = K // 128
+    BLOCKS: tl.constexpr = K // 128
     threads = tl.arange(0, 32 * WARPS)
     lane = threads % 32
     warp = threads // 32
     g = lane // 4
     t = lane % 4
+    # Lane t's words of a block are words j0 .. j0 + 3 of the block's group `within`.
+    within = 4 * t // (GROUP // 8)
+    j0 = 4 * t % (GROUP // 8)
     row_lo = tl.program_id(0) * 16 + g
     lo64 = tl.minimum(row_lo, N - 1).to(tl.int64)  # rows past N: read, never stored
     hi64 = tl.minimum(row_lo + 8, N - 1).to(tl.int64)
     w_bytes = w_ptr.to(tl.int64) + 16 * t
     w_lo = w_bytes + lo64 * stride_wn * 4
     w_hi = w_bytes + hi64 * stride_wn * 4
-    sm_words = sm_ptr.to(tl.pointer_type(tl.int32))  # a group's scale and min in one int32
+    sm_words = sm_ptr.to(tl.pointer_type(tl.int32)) + within  # a group's scale and min
     sm_lo = sm_words + lo64 * (stride_sn // 2)
     sm_hi = sm_words + hi64 * (stride_sn // 2)
-    x_pairs = x_ptr.to(tl.int64) + tl.minimum(g, M - 1).to(tl.int64) * stride_xm * 2 + 16 * t
+    x_row = x_ptr.to(tl.int64) + tl.minimum(g, M - 1).to(tl.int64) * stride_xm * 2
+    x_pairs = x_row + 2 * (within * GROUP + 2 * j0)
     zero = tl.zeros([32 * WARPS], tl.float32)
     c = (zero, zero, zero, zero)
-    ahead = ()  # the weights of the warp's next STAGES groups, nearest first
+    ahead = ()  # the weights of the warp's next STAGES blocks, nearest first
     for s in tl.static_range(STAGES):
-        ahead = ahead + (_weight_loads(w_lo, w_hi, sm_lo, sm_hi, warp + s * WARPS, NUM_GROUPS),)
+        block = warp + s * WARPS
+        ahead = ahead + (_weight_loads(w_lo, w_hi, sm_lo, sm_hi, block, BLOCKS, GROUP),)
     wait_for_inputs(PDL)
-    inputs = _input_loads(x_pairs, warp, NUM_GROUPS)
-    for g0 in range(0, NUM_GROUPS, WARPS):
-        real = (g < M) & (g0 + warp < NUM_GROUPS)
+    inputs = _input_loads(x_pairs, warp, BLOCKS, GROUP)
+    for b0 in range(0, BLOCKS, WARPS):
+        in_k = b0 + warp < BLOCKS
         weights = ahead[0]
-        later = g0 + STAGES * WARPS + warp
-        ahead = ahead[1:] + (_weight_loads(w_lo, w_hi, sm_lo, sm_hi, later, NUM_GROUPS),)
-        next_inputs = _input_loads(x_pairs, g0 + WARPS + warp, NUM_GROUPS)
-        c = _group_mmas(c, weights, inputs, real)
+        later = b0 + STAGES * WARPS + warp
+        ahead = ahead[1:] + (_weight_loads(w_lo, w_hi, sm_lo, sm_hi, later, BLOCKS, GROUP),)
+        next_inputs = _input_loads(x_pairs, b0 + WARPS + warp, BLOCKS, GROUP)
+        if GROUP == 128:
+            c = _mmas_scaled_after(c, weights, inputs, in_k)
+        else:
+            c = _mmas_scaled_before(c, weights, inputs, in_k)
         inputs = next_inputs
     # Each warp's sums, added across warps: thread l then holds D rows g, g + 8 and
     # columns (input rows) 2t, 2t + 1.

@@ -8,8 +8,9 @@ Decode reads every weight once per token, so its matmuls are bound by the bytes 
 - int4 with bf16 inputs of two to INT4_MMA_MAX_ROWS rows (several agents decoding at
   once) takes mma.sync: each thread loads the words that its part of an MMA tile needs,
   widens them in registers and the tensor cores multiply them with all rows at once.
-  Other inputs (fp16, float32, groups other than 128) take an int4 GEMV for up to
-  INT4_GEMV_MAX_ROWS rows, which widens each word once for all rows.
+  Its groups are of 128 or (as GGUF's 4-bit types load) of 32 or 64. Other inputs (fp16,
+  float32, other groups) take an int4 GEMV for up to INT4_GEMV_MAX_ROWS rows, which
+  widens each word once for all rows.
 - int4 weights beyond those, and int8 and fp8 from three rows, up to DOT_MAX_ROWS, go
   through tensor cores on tiles: each program widens its tile in registers (by bit
   tricks, not the int-to-float instruction, which Hopper issues at an eighth of the FMA
@@ -393,7 +394,7 @@ _int4_gemv_tuned = _tuned_per_rows(
     int4_gemv_kernel, _INT4_GEMV_CONFIGS, key=["N", "K", "GROUP", "GATED"],
     prune_configs_by={"early_config_prune": _int4_gemv_fits},
 )  # fmt: skip
-_int4_mma_tuned = _tuned_per_rows(int4_mma_kernel, _INT4_MMA_CONFIGS, key=["N", "K"])
+_int4_mma_tuned = _tuned_per_rows(int4_mma_kernel, _INT4_MMA_CONFIGS, key=["N", "K", "GROUP"])
 _int4_gemv_rows_tuned = _tuned_per_rows(
     int4_gemv_rows_kernel, _INT4_GEMV_ROWS_CONFIGS, key=["N", "K", "GROUP"]
 )
@@ -603,6 +604,12 @@ def _int4_gemv(
     return out
 
 
+def _mma_takes(group: int, k: int) -> bool:
+    """Whether int4_mma_kernel takes this group and K: it steps through blocks of 128
+    inputs, a lane's four words one group's."""
+    return group in (32, 64, 128) and k % 128 == 0
+
+
 def _int4_product(
     x: torch.Tensor, words: torch.Tensor, scale_mins: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -612,12 +619,12 @@ def _int4_product(
     group = k // groups
     if DOT_MAX_ROWS < rows <= TILED_MAX_ROWS:
         return _in_row_slices(_int4_product, x, words, scale_mins, bias)
-    if 2 <= rows <= INT4_MMA_MAX_ROWS and x.dtype == torch.bfloat16 and group == 128:
+    if 2 <= rows <= INT4_MMA_MAX_ROWS and x.dtype == torch.bfloat16 and _mma_takes(group, k):
         x = _rows_aligned(x, 16)  # its rows load 16 bytes at a time
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         _int4_mma_tuned(rows)[(triton.cdiv(n, 16),)](
             x, words, scale_mins, _optional_arg(x, bias), out, rows, n, x.stride(0),
-            words.stride(0), scale_mins.stride(0), out.stride(0), K=k,
+            words.stride(0), scale_mins.stride(0), out.stride(0), K=k, GROUP=group,
             HAS_BIAS=bias is not None, **launch_options(x.device),
         )  # fmt: skip
         return out

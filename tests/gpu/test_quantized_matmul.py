@@ -233,12 +233,14 @@ def test_every_int4_gemv_rows_configuration_matches_and_repeats_bit_for_bit(conf
 
 @pytest.mark.parametrize("config", tm._INT4_MMA_CONFIGS, ids=str)
 @pytest.mark.parametrize("rows", [1, 3, 8])
-def test_every_int4_mma_configuration_matches_and_repeats_bit_for_bit(config, rows):
+@pytest.mark.parametrize("group", [128, 64, 32])
+def test_every_int4_mma_configuration_matches_and_repeats_bit_for_bit(config, rows, group):
     """The int4 kernel on mma.sync in each configuration the autotuner may pick: up to 8
-    input rows, 3001 outputs (the last tile part past N), 7 groups of 128 (not a multiple
-    of any warp count: some warps' last groups are past K)."""
+    input rows, 3001 outputs (the last tile part past N), 7 blocks of 128 inputs (not a
+    multiple of any warp count: some warps' last blocks are past K), in groups of 128
+    (scaled after the MMAs) and of 64 and 32 (GGUF's 4-bit types; scaled before)."""
     n, k = 3001, 896
-    q, scales, mins = formats.quantize_int4(weight(n, k), 128)
+    q, scales, mins = formats.quantize_int4(weight(n, k), group)
     module = Int4Linear(q, scales, mins, torch.randn(n, device=CUDA, dtype=torch.bfloat16))
     x = torch.randn(rows, k, device=CUDA, dtype=torch.bfloat16)
 
@@ -246,7 +248,7 @@ def test_every_int4_mma_configuration_matches_and_repeats_bit_for_bit(config, ro
         int4_tensor_cores.int4_mma_kernel[(triton.cdiv(n, 16),)](
             x, module.packed, module.scale_mins, module.bias, out, rows, n, x.stride(0),
             module.packed.stride(0), module.scale_mins.stride(0), out.stride(0), K=k,
-            HAS_BIAS=True, **config.kwargs, num_warps=config.num_warps,
+            GROUP=group, HAS_BIAS=True, **config.kwargs, num_warps=config.num_warps,
             **launch_options(CUDA),
         )  # fmt: skip
 
