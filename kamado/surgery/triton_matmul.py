@@ -82,11 +82,6 @@ _CONFIGS = [
         (4, 2048, 4, 1, True), (2, 2048, 2, 1, True),
     ]
 ]  # fmt: skip
-# Grouped int8 tiles are one group wide: the rows carry the bytes in flight.
-_GROUPED_CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w)
-    for bn, bk, w in [(16, 512, 4), (32, 512, 8), (64, 256, 8), (32, 1024, 8), (64, 512, 8)]
-]
 _INT4_DOT_CONFIGS = [
     triton.Config(
         {"BLOCK_N": bn, "GROUPS_PER_STEP": g, "SWAP": swap, "SPLIT_K": split},
@@ -153,12 +148,14 @@ def _add_products(acc, w, x, STEP_SUMS: tl.constexpr):
 @triton.jit
 def _rowwise_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, partial_ptr, arrived_ptr, N, stride_xm, stride_wn,
-    stride_om, K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    STEP_SUMS: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
+    stride_sn, stride_om, K: tl.constexpr, GROUP: tl.constexpr, HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, STEP_SUMS: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row;
-    or bf16/fp16 weights as they are, without scales (dense_matmul).
+    """out[m, rows] = (x[m] @ q[rows].T) * scale[rows]: int8 or fp8 values, a scale per row
+    (GROUP = K); int8 with a scale per group of GROUP inputs (as GGUF's Q8_0 and Q5_0 load),
+    each step's products then summed per group, scaled and kept per group; or bf16/fp16
+    weights as they are, without scales (dense_matmul).
 
     Rows past N are clamped to the last row (read, never stored) so weight loads need no
     mask when BLOCK_K divides K; pointers advance by BLOCK_K instead of being recomputed.
@@ -169,8 +166,12 @@ def _rowwise_kernel(
     latency, not bandwidth, when each thread has only a load or two out).
     GATED: the weight is an MLP's gate rows then its up rows, N of each, and the output is
     silu(gate) * up, [m, N]: each program reads its rows of both (more loads in flight)
-    and the SiLU needs no kernel of its own. Not split (sum_splits sums one tile)."""
+    and the SiLU needs no kernel of its own. Not split (sum_splits sums one tile), nor
+    grouped."""
+    GROUPED: tl.constexpr = HAS_SCALE and GROUP < K
+    STEP_GROUPS: tl.constexpr = BLOCK_K // GROUP if GROUPED else 1
     tl.static_assert(SPLIT_K == 1 or not GATED)
+    tl.static_assert(not (GROUPED and GATED))
     let_next_start(PDL)
     wait_for_inputs(PDL)
     m = tl.program_id(1).to(tl.int64)
@@ -183,8 +184,11 @@ def _rowwise_kernel(
     w_ptrs = w_ptr + rows64[:, None] * stride_wn + first + ks[None, :]
     x_ptrs = x_ptr + m * stride_xm + first + ks
     up_rows = N * stride_wn if GATED else 0  # the up rows' offset from the gate rows'
-    acc = tl.zeros([BLOCK_N, 1 if STEP_SUMS else BLOCK_K], tl.float32)
-    up_acc = tl.zeros([BLOCK_N, 1 if STEP_SUMS else BLOCK_K], tl.float32)  # GATED only
+    group_steps = tl.arange(0, STEP_GROUPS)  # GROUPED: a step's groups
+    s_ptrs = s_ptr + rows64[:, None] * stride_sn + first // GROUP + group_steps[None, :]
+    ACC_WIDTH: tl.constexpr = STEP_GROUPS if GROUPED else (1 if STEP_SUMS else BLOCK_K)
+    acc = tl.zeros([BLOCK_N, ACC_WIDTH], tl.float32)
+    up_acc = tl.zeros([BLOCK_N, ACC_WIDTH], tl.float32)  # GATED only
     for k0 in range(first, tl.minimum(first + K_SPLIT, K), BLOCK_K):
         if K % BLOCK_K == 0:
             x = tl.load(x_ptrs).to(tl.float32)
@@ -195,7 +199,14 @@ def _rowwise_kernel(
             x = tl.load(x_ptrs, mask=kmask, other=0.0).to(tl.float32)
             w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
             w_up = tl.load(w_ptrs + up_rows, mask=kmask[None, :], other=0.0) if GATED else w
-        acc = _add_products(acc, w, x, STEP_SUMS)
+        if GROUPED:
+            in_k = k0 // GROUP + group_steps < K // GROUP  # all but in a last, partial step
+            scales = tl.load(s_ptrs, mask=in_k[None, :], other=0.0)
+            products = tl.reshape(w.to(tl.float32) * x[None, :], [BLOCK_N, STEP_GROUPS, GROUP])
+            acc += tl.sum(products, axis=2) * scales.to(tl.float32)
+            s_ptrs += STEP_GROUPS
+        else:
+            acc = _add_products(acc, w, x, STEP_SUMS)
         if GATED:
             up_acc = _add_products(up_acc, w_up, x, STEP_SUMS)
         w_ptrs += BLOCK_K
@@ -216,42 +227,9 @@ def _rowwise_kernel(
                 SPLIT_K,
             )  # fmt: skip
         if last:
-            if HAS_SCALE:
+            if HAS_SCALE and not GROUPED:
                 out *= tl.load(s_ptr + rows64).to(tl.float32)
             store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
-
-
-@triton.jit
-def _grouped_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, N, stride_xm, stride_wn, stride_sn, stride_om,
-    K: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """out[m, rows] = sum over groups g of scale[g] * (q_g . x_g), int8 q.
-
-    Each group is its own [rows, group] tile (BLOCK_K // GROUP of them unrolled per loop
-    step, so their loads are in flight together), scaled per row and accumulated without
-    reducing: the only cross-thread sum is the last one."""
-    let_next_start(PDL)
-    wait_for_inputs(PDL)
-    m = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows64 = tl.minimum(rows, N - 1).to(tl.int64)
-    vs = tl.arange(0, GROUP)
-    w_base = w_ptr + rows64[:, None] * stride_wn + vs[None, :]
-    x_base = x_ptr + m * stride_xm + vs
-    s_base = s_ptr + rows64 * stride_sn
-    acc = tl.zeros([BLOCK_N, GROUP], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        for j in tl.static_range(BLOCK_K // GROUP):
-            k = k0 + j * GROUP
-            ok = k < K  # False only in a last, partial step
-            q = tl.load(w_base + k, mask=ok, other=0)
-            x = tl.load(x_base + k, mask=ok, other=0.0).to(tl.float32)
-            scale = tl.load(s_base + k // GROUP, mask=ok, other=0.0).to(tl.float32)
-            acc += q.to(tl.float32) * x[None, :] * scale[:, None]
-    out = tl.sum(acc, axis=1)
-    store_row(out, b_ptr, out_ptr + m * stride_om, rows, rows64, N, HAS_BIAS)
 
 
 @triton.jit
@@ -352,6 +330,16 @@ def _split_fits(configs: list[triton.Config], named_args: dict, **kwargs) -> lis
     return [c for c in configs if c.kwargs["SPLIT_K"] == 1 or splits]
 
 
+def _gemv_fits(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """_split_fits' configurations whose steps are whole groups, for a scale per group."""
+    group = kwargs["GROUP"]
+    return [
+        c
+        for c in _split_fits(configs, named_args, **kwargs)
+        if group == kwargs["K"] or c.kwargs["BLOCK_K"] % group == 0
+    ]
+
+
 def int4_gemv_configs(
     configs: list[triton.Config], weight_rows: int, group: int, multiprocessors: int
 ) -> list[triton.Config]:
@@ -382,10 +370,9 @@ def _int4_gemv_fits(
 
 
 _rowwise_tuned = _tuned_per_rows(
-    _rowwise_kernel, _CONFIGS, key=["N", "K", "GATED"],
-    prune_configs_by={"early_config_prune": _split_fits},
+    _rowwise_kernel, _CONFIGS, key=["N", "K", "GROUP", "GATED"],
+    prune_configs_by={"early_config_prune": _gemv_fits},
 )  # fmt: skip
-_grouped_tuned = _tuned_per_rows(_grouped_kernel, _GROUPED_CONFIGS, key=["N", "K", "GROUP"])
 _int4_dot_tuned = _tuned_per_rows(
     int4_dot_kernel, _INT4_DOT_CONFIGS, key=["N", "K", "GROUP"],
     prune_configs_by={"early_config_prune": _split_fits},
@@ -429,19 +416,13 @@ def _gemv(
         n //= 2
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     grid = _per_row_grid(n, x.shape[0])
-    if scales is None or scales.shape[1] == 1:
-        _rowwise_tuned(x.shape[0])[grid](
-            x, q, _optional_arg(x, scales), _optional_arg(x, bias), out,
-            *split_buffers(x.device), n, x.stride(0), q.stride(0), out.stride(0), K=k,
-            HAS_SCALE=scales is not None, HAS_BIAS=bias is not None, GATED=gated,
-            **launch_options(x.device),
-        )  # fmt: skip
-        return out
-    assert not gated, "the grouped GEMV has no gated form"
-    _grouped_tuned(x.shape[0])[grid](
-        x, q, scales, _optional_arg(x, bias), out, n, x.stride(0), q.stride(0), scales.stride(0),
-        out.stride(0), K=k, GROUP=k // scales.shape[1], HAS_BIAS=bias is not None,
-        **launch_options(x.device),
+    groups = 1 if scales is None else scales.shape[1]
+    assert groups == 1 or not gated, "the GEMV with a scale per group has no gated form"
+    _rowwise_tuned(x.shape[0])[grid](
+        x, q, _optional_arg(x, scales), _optional_arg(x, bias), out, *split_buffers(x.device),
+        n, x.stride(0), q.stride(0), 0 if scales is None else scales.stride(0), out.stride(0),
+        K=k, GROUP=k // groups, HAS_SCALE=scales is not None, HAS_BIAS=bias is not None,
+        GATED=gated, **launch_options(x.device),
     )  # fmt: skip
     return out
 

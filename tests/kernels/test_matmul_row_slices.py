@@ -18,7 +18,7 @@ from kamado.surgery import formats  # noqa: E402
 from kamado.surgery import triton_matmul as tm  # noqa: E402
 
 LAUNCHERS = [
-    "_rowwise_tuned", "_grouped_tuned", "_scaled_dot_tuned",
+    "_rowwise_tuned", "_scaled_dot_tuned",
     "_int4_dot_tuned", "_int4_gemv_tuned", "_int4_gemv_rows_tuned", "_int4_mma_tuned",
 ]  # fmt: skip
 N, K, GROUP = 48, 256, 128

@@ -2,9 +2,8 @@
 configuration the autotuner may pick, against x @ W.T with W dequantized in float32:
 - the tensor-core kernel of 3-16 input rows (_scaled_dot_kernel), with a scale per row, per
   group of 32 (GGUF's Q8_0) and per group of 128, split K too;
-- the GEMV of 1-2 rows with a scale per row (_rowwise_kernel), split K and step sums too,
-  and its gated form (silu(gate) * up); the GEMV with a scale per group of 32
-  (_grouped_kernel).
+- the GEMV of 1-2 rows (_rowwise_kernel) with a scale per row, split K and step sums too,
+  its gated form (silu(gate) * up), and with a scale per group of 32.
 K is a multiple of no BLOCK_K, so last steps are masked.
 
 The interpreter takes over only kernels defined after TRITON_INTERPRET=1 is set, so the
@@ -32,7 +31,7 @@ CASES = {
     "tile-group-128": ("dot", 1024, 8, 3, False),
     "gemv-row": ("gemv", 3000, 1, 2, False),
     "gemv-row-gated": ("gemv", 3000, 1, 1, True),
-    "gemv-group-32": ("grouped gemv", 3008, 94, 2, False),
+    "gemv-group-32": ("gemv", 3008, 94, 2, False),
 }
 N = 200  # outputs: a part tile for every BLOCK_N
 
@@ -53,11 +52,11 @@ def test_every_configuration_matches_its_dequantized_weight(case):
 def _configs(case: str) -> list:
     from kamado.surgery import triton_matmul as tm
 
-    kernel, _, _, _, gated = CASES[case]
-    if kernel == "grouped gemv":
-        return tm._GROUPED_CONFIGS
-    configs = tm._SCALED_DOT_CONFIGS if kernel == "dot" else tm._CONFIGS
-    return tm._split_fits(configs, {"N": N}, GATED=gated)  # those its autotuner keeps
+    kernel, k, groups, _, gated = CASES[case]
+    # those its autotuner keeps
+    if kernel == "dot":
+        return tm._split_fits(tm._SCALED_DOT_CONFIGS, {"N": N}, GATED=gated)
+    return tm._gemv_fits(tm._CONFIGS, {"N": N}, K=k, GROUP=k // groups, GATED=gated)
 
 
 def _index_from_one_element() -> None:
@@ -89,17 +88,12 @@ def _launch(case: str, meta: dict, x, q, scales, bias, out, partials, arrived) -
             scales.stride(0), out.stride(0), GROUP=k // groups, BLOCK_M=tm.DOT_MAX_ROWS,
             **shape,
         )  # fmt: skip
-    elif kernel == "gemv":
+    else:
         grid = (triton.cdiv(n, meta["BLOCK_N"]), rows, meta["SPLIT_K"])
         tm._rowwise_kernel[grid](
             x, q, scales, bias, out, partials, arrived, n, x.stride(0), q.stride(0),
-            out.stride(0), HAS_SCALE=True, GATED=gated, **shape,
-        )  # fmt: skip
-    else:
-        grid = (triton.cdiv(n, meta["BLOCK_N"]), rows)
-        tm._grouped_kernel[grid](
-            x, q, scales, bias, out, n, x.stride(0), q.stride(0), scales.stride(0),
-            out.stride(0), GROUP=k // groups, **shape,
+            scales.stride(0), out.stride(0), GROUP=k // groups, HAS_SCALE=True, GATED=gated,
+            **shape,
         )  # fmt: skip
 
 
