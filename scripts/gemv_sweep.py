@@ -62,9 +62,9 @@ def rowwise_tb_per_s(config: tuple, pdl: bool, k: int, copies: list, x: torch.Te
     def call(q: torch.Tensor, scales: torch.Tensor | None) -> None:
         tm._rowwise_kernel[(triton.cdiv(n, bn), rows, split)](
             x, q, tm._optional_arg(x, scales), x, out, *tm.split_buffers(x.device), n,
-            x.stride(0), q.stride(0), out.stride(0), K=k, HAS_SCALE=scales is not None,
-            HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, STEP_SUMS=sums,
-            GATED=False, num_warps=warps, **options,
+            x.stride(0), q.stride(0), 0, out.stride(0), K=k, GROUP=k,
+            HAS_SCALE=scales is not None, HAS_BIAS=False, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            STEP_SUMS=sums, GATED=False, num_warps=warps, **options,
         )  # fmt: skip
 
     ms = graph_ms([lambda w=w: call(*w) for w in copies])

@@ -324,6 +324,7 @@ def _bf16_unscaled(w: torch.Tensor) -> tuple[torch.Tensor, None]:
 
 GEMV_FORMATS = {
     "int8": (formats.quantize_int8, formats.dequantize_int8),
+    "int8-g32": (lambda w: formats.quantize_int8(w, 32), formats.dequantize_int8),  # GGUF's
     "fp8": (formats.quantize_fp8, formats.dequantize_fp8),
     "bf16": (_bf16_unscaled, lambda q, _: q.float()),
 }
@@ -337,21 +338,24 @@ def gemv(
     n = q.shape[0] // 2 if gated else q.shape[0]
     out = torch.empty(x.shape[0], n, device=CUDA, dtype=torch.bfloat16)
     meta = dict(config.kwargs)
+    k = q.shape[1]
+    groups = 1 if scales is None else scales.shape[1]
     tm._rowwise_kernel[(triton.cdiv(n, meta["BLOCK_N"]), x.shape[0], meta["SPLIT_K"])](
         x, q, tm._optional_arg(x, scales), bias, out, *tm.split_buffers(x.device), n,
-        x.stride(0), q.stride(0), out.stride(0), K=q.shape[1], HAS_SCALE=scales is not None,
-        HAS_BIAS=True, GATED=gated, **meta, num_warps=config.num_warps, **launch_options(CUDA),
+        x.stride(0), q.stride(0), 0 if scales is None else scales.stride(0), out.stride(0),
+        K=k, GROUP=k // groups, HAS_SCALE=scales is not None, HAS_BIAS=True, GATED=gated,
+        **meta, num_warps=config.num_warps, **launch_options(CUDA),
     )  # fmt: skip
     return out
 
 
 @pytest.mark.parametrize("config", tm._CONFIGS, ids=str)
-@pytest.mark.parametrize("fmt", ["int8", pytest.param("fp8", marks=needs_fp8), "bf16"])
+@pytest.mark.parametrize("fmt", ["int8", "int8-g32", pytest.param("fp8", marks=needs_fp8), "bf16"])
 def test_every_gemv_tile_configuration_matches_and_repeats_bit_for_bit(config, fmt):
-    """The GEMV (int8/fp8 with a scale per row, or bf16 without) in each configuration the
-    autotuner may pick: the same result as the dequantized weight, and the same bits on a
-    second call."""
-    n, k, rows = 3000, 3000, 2  # K a multiple of no BLOCK_K: partial steps, unequal splits
+    """The GEMV (int8/fp8 with a scale per row, int8 with one per group of 32, or bf16
+    without) in each configuration the autotuner may pick: the same result as the
+    dequantized weight, and the same bits on a second call."""
+    n, k, rows = 3000, 3008, 2  # K a multiple of no BLOCK_K: partial steps, unequal splits
     quantize, dequantize = GEMV_FORMATS[fmt]
     q, scales = quantize(weight(n, k))
     bias = torch.randn(n, device=CUDA, dtype=torch.bfloat16)
