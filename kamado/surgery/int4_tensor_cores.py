@@ -45,8 +45,10 @@ _INT4_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm("$4", "$12", "$16"))
 _INT4_ONE_WORD_AS_BF16 = tl.constexpr(_int4_word_as_bf16_asm("$4", "$5", "$6"))
 
 # One word ($4) as four bf16 pairs of 128 + q ($0..$3), no arithmetic.
-_PAIRS = [line for t in range(4) for line in _nibble_pair_lines("$4", t, f"${t}")]
-_INT4_WORD_AS_128_PLUS_Q = tl.constexpr("\n".join(["", "{", ".reg .b32 t;", *_PAIRS, "}", ""]))
+_128_PLUS_Q_LINES = [line for t in range(4) for line in _nibble_pair_lines("$4", t, f"${t}")]
+_INT4_WORD_AS_128_PLUS_Q = tl.constexpr(
+    "\n".join(["", "{", ".reg .b32 t;", *_128_PLUS_Q_LINES, "}", ""])
+)
 
 
 # D = A @ B + C on a warp's tensor cores: A 16 x 16 bf16 (four bf16 pairs a thread), B
