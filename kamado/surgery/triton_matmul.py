@@ -487,6 +487,7 @@ def scaled_matmul(
 ) -> torch.Tensor:
     """int8 weights with a scale per row or per group, or fp8 with a scale per row: every
     kernel below takes either format, so the choice of kernel is one."""
+    scales = scales.contiguous()  # the kernels read a row's scales side by side
     if gated and _takes_gemv(x.shape[0], scales) and scales.shape[1] == 1:
         return _gemv(x, q, scales, bias, gated=True)
     return _silu_mul_if(gated, _scaled_product(x, q, scales, bias))
@@ -522,7 +523,7 @@ def _scaled_dot(
 ) -> torch.Tensor:
     """int8 or fp8 weights with a scale per row or per group, at up to DOT_MAX_ROWS input
     rows."""
-    x, scales = x.contiguous(), scales.contiguous()  # a row's group scales side by side
+    x = x.contiguous()
     rows, n, k = x.shape[0], q.shape[0], q.shape[1]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     _scaled_dot_tuned(rows)[_dot_grid(n)](
